@@ -1,0 +1,1 @@
+//! Crate root (being built).
