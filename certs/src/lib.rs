@@ -1,0 +1,1 @@
+//! Certificate generation for the hami-limits admission webhook.
