@@ -1,1 +1,21 @@
-//! Crate root (being built).
+//! The hami-limits contract, shared by the webhook and the device plugin.
+//!
+//! - [`names`]: every well-known annotation, label, environment variable and path.
+//! - [`values`]: value types (memory MiB, SM %, core policy, task priority, limit delivery) and
+//!   [`values::resolve_limit_delivery`].
+//! - [`limits_file`]: the `/overrideEnv` file: strict render, tolerant parse with diagnostics.
+//! - [`hami_core`]: how HAMi-core really reads memory and SM values, with warnings.
+//! - [`publish`]: atomic publication of a file into a directory, and the leftover sweep.
+//! - [`config`]: layered configuration and HAMi-compatible device/node config files.
+#![forbid(unsafe_code)]
+
+pub mod hami_core;
+pub mod limits_file;
+pub mod names;
+pub mod values;
+
+pub use limits_file::{Diagnostic, LimitsFile, LimitsFileError, ParsedLimitsFile, Severity, parse};
+pub use values::{
+    CorePolicy, DeliverySource, LimitDelivery, MemoryLimitMib, ResolvedDelivery, SmLimit,
+    TaskPriority, ValueError, resolve_limit_delivery,
+};

@@ -1,0 +1,213 @@
+//! Every well-known name in one place: annotation keys, node labels, environment variables, paths.
+//!
+//! Both programs and the chart must spell these identically; a typo in one copy would silently
+//! disconnect the webhook, the scheduler and the device plugin from each other.
+
+// ---------------------------------------------------------------------------------------------
+// Pod annotations (HAMi)
+// ---------------------------------------------------------------------------------------------
+
+/// Per-pod switch `env` | `file` (see [`crate::values::LimitDelivery`]).
+pub const ANNOTATION_LIMIT_DELIVERY: &str = "hami.io/limit-delivery";
+/// Node the HAMi scheduler chose (also set as a label).
+pub const ANNOTATION_VGPU_NODE: &str = "hami.io/vgpu-node";
+/// Scheduling time written by the HAMi scheduler.
+pub const ANNOTATION_VGPU_TIME: &str = "hami.io/vgpu-time";
+/// Devices still to be handed out by `Allocate`; entries are erased as containers are served.
+pub const ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: &str = "hami.io/vgpu-devices-to-allocate";
+/// Devices allocated to the pod (same encoding; never erased).
+pub const ANNOTATION_VGPU_DEVICES_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+/// `allocating` | `success` | `failed`.
+pub const ANNOTATION_BIND_PHASE: &str = "hami.io/bind-phase";
+/// Unix seconds of the bind.
+pub const ANNOTATION_BIND_TIME: &str = "hami.io/bind-time";
+
+/// Values of [`ANNOTATION_BIND_PHASE`].
+pub const BIND_PHASE_ALLOCATING: &str = "allocating";
+/// Values of [`ANNOTATION_BIND_PHASE`].
+pub const BIND_PHASE_SUCCESS: &str = "success";
+/// Values of [`ANNOTATION_BIND_PHASE`].
+pub const BIND_PHASE_FAILED: &str = "failed";
+
+// ---------------------------------------------------------------------------------------------
+// Node annotations (HAMi)
+// ---------------------------------------------------------------------------------------------
+
+/// Node lock: `<RFC3339 time>,<namespace>,<pod>` (legacy: a bare time).
+pub const ANNOTATION_MUTEX_LOCK: &str = "hami.io/mutex.lock";
+/// Device registration for the scheduler (JSON array).
+pub const ANNOTATION_NODE_NVIDIA_REGISTER: &str = "hami.io/node-nvidia-register";
+/// Handshake annotation the scheduler writes and ages itself.
+pub const ANNOTATION_NODE_HANDSHAKE: &str = "hami.io/node-handshake";
+
+// ---------------------------------------------------------------------------------------------
+// KAI annotations and labels
+// ---------------------------------------------------------------------------------------------
+
+/// KAI: GPU memory in MiB (positive decimal integer, no suffix).
+pub const ANNOTATION_GPU_MEMORY: &str = "gpu-memory";
+/// KAI: fraction of one GPU, 0 < f < 1.
+pub const ANNOTATION_GPU_FRACTION: &str = "gpu-fraction";
+/// KAI: number of devices a fraction applies to.
+pub const ANNOTATION_GPU_FRACTION_NUM_DEVICES: &str = "gpu-fraction-num-devices";
+/// KAI: which container gets the fractional GPU.
+pub const ANNOTATION_GPU_FRACTION_CONTAINER_NAME: &str = "gpu-fraction-container-name";
+/// KAI-resource-isolator opt-out annotation (`"false"`, case-insensitive).
+pub const ANNOTATION_KAI_RESOURCE_ISOLATOR_INJECT: &str = "kai-resource-isolator.io/inject";
+/// KAI-resource-isolator opt-out label (`ignore`).
+pub const LABEL_KAI_RESOURCE_ISOLATOR_WEBHOOK: &str = "kai-resource-isolator.io/webhook";
+/// KAI queue label.
+pub const LABEL_KAI_QUEUE: &str = "kai.scheduler/queue";
+/// KAI's default scheduler name.
+pub const KAI_SCHEDULER_NAME: &str = "kai-scheduler";
+
+// ---------------------------------------------------------------------------------------------
+// Node labels (GPU Feature Discovery / GPU Operator) and webhook opt-out
+// ---------------------------------------------------------------------------------------------
+
+/// Integer MiB per GPU (very old GFD wrote bytes: values >= 1,048,576 are bytes).
+pub const LABEL_GPU_MEMORY: &str = "nvidia.com/gpu.memory";
+/// Sanitised product name.
+pub const LABEL_GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+/// Number of GPUs on the node.
+pub const LABEL_GPU_COUNT: &str = "nvidia.com/gpu.count";
+/// `none` | `single` | `mixed`.
+pub const LABEL_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
+/// Set by the GPU Operator on GPU nodes.
+pub const LABEL_GPU_PRESENT: &str = "nvidia.com/gpu.present";
+/// HAMi's webhook opt-out label (value `ignore`) on objects and namespaces.
+pub const LABEL_WEBHOOK: &str = "hami.io/webhook";
+/// Value of [`LABEL_WEBHOOK`] that excludes an object.
+pub const LABEL_WEBHOOK_IGNORE: &str = "ignore";
+
+// ---------------------------------------------------------------------------------------------
+// Environment variables read by HAMi-core (and set by the device plugin / webhook)
+// ---------------------------------------------------------------------------------------------
+
+/// Global memory limit (per-device `_<i>` wins).
+pub const ENV_CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// Core (SM) limit in percent; 0 or unset means 100.
+pub const ENV_CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// Path of the shared region where a pod's processes account usage.
+pub const ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// Set by HAMi when memory scaling > 1 (not read by current HAMi-core).
+pub const ENV_CUDA_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+/// `default` | `force` | `disable`.
+pub const ENV_GPU_CORE_UTILIZATION_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// HAMi-core log level 0..4 (read before the limits file).
+pub const ENV_LIBCUDA_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Enabled by `"1"`.
+pub const ENV_LIBVGPU_HOSTPID_BROKER: &str = "LIBVGPU_HOSTPID_BROKER";
+/// Integer (`atoi`), default 1; lower is higher priority.
+pub const ENV_CUDA_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// `true` disables the `/etc/ld.so.preload` mount for a container.
+pub const ENV_CUDA_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
+/// Comma-separated GPU UUIDs for the NVIDIA container runtime.
+pub const ENV_NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Format version line of the limits file.
+pub const ENV_HAMI_LIMITS_FORMAT: &str = "HAMI_LIMITS_FORMAT";
+/// The node this device plugin runs on (downward API).
+pub const ENV_NODE_NAME: &str = "NODE_NAME";
+/// Per-GPU VRAM override for the webhook's fraction translation.
+pub const ENV_PER_GPU_VRAM_MIB: &str = "PER_GPU_VRAM_MIB";
+/// HAMi's hook path environment variable.
+pub const ENV_HOOK_PATH: &str = "HOOK_PATH";
+
+/// Highest device index HAMi-core reads for `CUDA_DEVICE_MEMORY_LIMIT_<i>` (0..=15).
+pub const MAX_DEVICE_INDEX: usize = 15;
+
+/// `CUDA_DEVICE_MEMORY_LIMIT_<i>`: the per-device memory limit variable.
+pub fn memory_limit_env(i: usize) -> String {
+    format!("{ENV_CUDA_DEVICE_MEMORY_LIMIT}_{i}")
+}
+
+/// `CUDA_DEVICE_SM_LIMIT_<i>`: the per-device core limit variable.
+pub fn sm_limit_env(i: usize) -> String {
+    format!("{ENV_CUDA_DEVICE_SM_LIMIT}_{i}")
+}
+
+/// Current version of the limits file format (`HAMI_LIMITS_FORMAT=1`).
+pub const LIMITS_FORMAT_VERSION: u32 = 1;
+
+// ---------------------------------------------------------------------------------------------
+// Paths
+// ---------------------------------------------------------------------------------------------
+
+/// Where HAMi-core looks for the limits file inside a container (compiled into libvgpu.so).
+pub const OVERRIDE_ENV_PATH: &str = "/overrideEnv";
+/// Default `HOOK_PATH` on the host (the chart's value).
+pub const HOOK_PATH: &str = "/usr/local";
+/// Default `HOOK_PATH`, alias naming it as a default.
+pub const DEFAULT_HOOK_PATH: &str = HOOK_PATH;
+/// `<HOOK_PATH>/vgpu`.
+pub const VGPU_DIR: &str = "vgpu";
+/// `<HOOK_PATH>/vgpu/containers`: per-container directories and `.limits` files.
+pub const CONTAINERS_DIR: &str = "containers";
+/// Extension of a limits file on the host.
+pub const LIMITS_FILE_SUFFIX: &str = ".limits";
+/// Stable shared-cache file name inside the per-container directory.
+pub const USAGE_CACHE_FILE: &str = "usage.cache";
+/// HAMi-core library file name under `<HOOK_PATH>/vgpu`.
+pub const LIBVGPU_SO: &str = "libvgpu.so";
+/// Preload list file name under `<HOOK_PATH>/vgpu`.
+pub const LD_SO_PRELOAD_FILE: &str = "ld.so.preload";
+/// Container path of the preload list.
+pub const LD_SO_PRELOAD_PATH: &str = "/etc/ld.so.preload";
+/// Lock directory shared with HAMi-core.
+pub const VGPU_LOCK_PATH: &str = "/tmp/vgpulock";
+/// HAMi-core's fallback shared cache (a process with no environment ends up here today).
+pub const DEFAULT_SHARED_CACHE_PATH: &str = "/tmp/cudevshr.cache";
+/// Kubelet device plugin directory.
+pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// Kubelet registration socket file name.
+pub const KUBELET_SOCKET: &str = "kubelet.sock";
+/// Socket file name for `nvidia.com/gpu`.
+pub const NVIDIA_GPU_SOCKET: &str = "nvidia-gpu.sock";
+
+// ---------------------------------------------------------------------------------------------
+// Resource names (HAMi chart defaults)
+// ---------------------------------------------------------------------------------------------
+
+/// Default `resourceCountName`.
+pub const RESOURCE_GPU: &str = "nvidia.com/gpu";
+/// Default `resourceMemoryName`.
+pub const RESOURCE_GPU_MEM: &str = "nvidia.com/gpumem";
+/// Default `resourceMemoryPercentageName`.
+pub const RESOURCE_GPU_MEM_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
+/// Default `resourceCoreName`.
+pub const RESOURCE_GPU_CORES: &str = "nvidia.com/gpucores";
+/// Default `resourcePriorityName`.
+pub const RESOURCE_PRIORITY: &str = "nvidia.com/priority";
+
+/// HAMi's default scheduler name.
+pub const HAMI_SCHEDULER_NAME: &str = "hami-scheduler";
+
+/// Prefix of environment variables that override configuration (`HAMI_NVIDIA__LIMIT_DELIVERY`...).
+pub const CONFIG_ENV_PREFIX: &str = "HAMI";
+/// Separator between nested configuration keys in environment variables.
+pub const CONFIG_ENV_SEPARATOR: &str = "__";
+
+/// Host path of a container's limits file: `<hook>/vgpu/containers/<podUID>_<container>.limits`.
+///
+/// Callers validate the pod UID and container name first; this only joins.
+pub fn limits_file_name(pod_uid: &str, container: &str) -> String {
+    format!("{pod_uid}_{container}{LIMITS_FILE_SUFFIX}")
+}
+
+/// Name of a container's per-container directory under `<hook>/vgpu/containers`.
+pub fn container_dir_name(pod_uid: &str, container: &str) -> String {
+    format!("{pod_uid}_{container}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_device_names() {
+        assert_eq!(memory_limit_env(0), "CUDA_DEVICE_MEMORY_LIMIT_0");
+        assert_eq!(memory_limit_env(15), "CUDA_DEVICE_MEMORY_LIMIT_15");
+        assert_eq!(sm_limit_env(1), "CUDA_DEVICE_SM_LIMIT_1");
+        assert_eq!(limits_file_name("u", "c"), "u_c.limits");
+    }
+}
