@@ -1,1 +1,23 @@
-//! Crate root (being built).
+//! hami-device-plugin: the kubelet device plugin of hami-limits, a drop-in for HAMi's NVIDIA
+//! device plugin as seen by kubelet and by the HAMi scheduler.
+//!
+//! - [`api`]: the kubelet device plugin API `v1beta1` (generated; public for tests and tools);
+//! - [`inventory`] / [`nvml`]: what GPUs the node has ([`inventory::GpuInventory`]);
+//! - [`devices`]: the device list advertised to kubelet;
+//! - [`service`]: the `DevicePlugin` gRPC service and its extension points
+//!   ([`service::AllocateHandler`], [`service::PendingPodDevices`]);
+//! - [`plugin`]: socket, registration, kubelet restarts, shutdown;
+//! - [`node_register`]: the `hami.io/node-nvidia-register` handshake with the HAMi scheduler;
+//! - [`pending_pod`]: the pod being admitted, from the API server;
+//! - [`settings`] / [`cli`]: configuration and the command line.
+
+pub mod api;
+pub mod cli;
+pub mod devices;
+pub mod inventory;
+pub mod node_register;
+pub mod nvml;
+pub mod pending_pod;
+pub mod plugin;
+pub mod service;
+pub mod settings;

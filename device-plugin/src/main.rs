@@ -1,1 +1,74 @@
-fn main() {}
+//! `hami-device-plugin`: parses the command line, installs logging and signal handling, and hands
+//! over to the library.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use hami_device_plugin::cli::{self, Cli, CliError, Command};
+use hami_device_plugin::service::{AllocateHandler, VisibleDevicesOnly};
+
+/// Completes on SIGTERM (kubelet/the DaemonSet stopping us) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+        _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("hami-device-plugin: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => {
+                let make_allocate =
+                    |_: &cli::RunContext| -> Result<Arc<dyn AllocateHandler>, CliError> {
+                        Ok(Arc::new(VisibleDevicesOnly))
+                    };
+                cli::run(args, make_allocate, shutdown_signal()).await
+            }
+            Command::Inventory(args) => cli::inventory_report(&args.source).map(|report| {
+                if args.json {
+                    match serde_json::to_string_pretty(&report) {
+                        Ok(text) => println!("{text}"),
+                        Err(error) => eprintln!("hami-device-plugin: {error}"),
+                    }
+                } else {
+                    print!("{}", cli::render_report(&report));
+                }
+            }),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("hami-device-plugin: {error}");
+            ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(1))
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Compiles the kubelet device plugin API with protox (pure Rust): building needs no `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/api.proto");
+    let descriptors = protox::compile(["api.proto"], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

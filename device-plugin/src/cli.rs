@@ -1,0 +1,400 @@
+//! The command line (`run`, `inventory`) and what the binary does with it; `main.rs` only parses,
+//! installs logging and signal handling, and calls [`run`] or [`inventory_report`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
+use tokio::sync::{mpsc, watch};
+
+use crate::api::{self, v1beta1};
+use crate::devices::{DeviceTable, NoGpuError, SkippedGpu};
+use crate::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
+use crate::node_register::{self, ANNOTATION_NODE_NVIDIA_REGISTER, NodeRegisterConfig};
+use crate::nvml::NvmlInventory;
+use crate::pending_pod::KubePendingPod;
+use crate::plugin::{self, Lifecycle, LifecycleError};
+use crate::service::{
+    AllocateHandler, NoPendingPod, PendingPodDevices, SharedState, spawn_health_updates,
+};
+use crate::settings::{PluginSettings, SettingsError};
+
+/// hami-device-plugin: kubelet device plugin for GPUs shared through HAMi-core.
+#[derive(Debug, Parser)]
+#[command(name = "hami-device-plugin", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Sub-commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve kubelet and keep the node annotation for the HAMi scheduler current.
+    Run(RunArgs),
+    /// Print the GPUs found, the kubelet devices and the node annotation that `run` would publish.
+    Inventory(InventoryArgs),
+}
+
+/// Where the GPUs and the settings come from (shared by both sub-commands).
+#[derive(Debug, Clone, Args)]
+pub struct SourceArgs {
+    /// Global HAMi device config (`device-config.yaml`, `nvidia:` section).
+    #[arg(long = "config", env = "HAMI_DEVICE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Per-node config (`config.json` with `nodeconfig: [...]`).
+    #[arg(long = "node-config", env = "HAMI_NODE_CONFIG", value_name = "FILE")]
+    pub node_config: Option<PathBuf>,
+    /// YAML list of GPUs instead of NVML, for machines without NVIDIA GPUs.
+    #[arg(long, env = "HAMI_INVENTORY", value_name = "FILE")]
+    pub inventory: Option<PathBuf>,
+    /// This node's name (downward API `spec.nodeName`).
+    #[arg(long = "node-name", env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Attach each GPU's NUMA node to the kubelet devices (for the topology manager).
+    #[arg(long = "enable-numa-topology", env = "HAMI_ENABLE_NUMA_TOPOLOGY")]
+    pub numa_topology: bool,
+}
+
+/// `run` flags.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// GPUs and settings.
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// kubelet's device-plugin directory.
+    #[arg(long = "kubelet-dir", env = "HAMI_KUBELET_DIR", default_value = api::DEFAULT_KUBELET_DIR, value_name = "DIR")]
+    pub kubelet_dir: PathBuf,
+    /// Seconds between checks of the node annotation `hami.io/node-nvidia-register`.
+    #[arg(
+        long = "register-interval",
+        env = "HAMI_REGISTER_INTERVAL",
+        default_value_t = 30.0,
+        value_name = "SECONDS"
+    )]
+    pub register_interval: f64,
+    /// Seconds to wait after a failed node annotation update.
+    #[arg(
+        long = "register-retry",
+        env = "HAMI_REGISTER_RETRY",
+        default_value_t = 5.0,
+        value_name = "SECONDS"
+    )]
+    pub register_retry: f64,
+    /// Milliseconds between checks of the device-plugin directory (kubelet restart, lost socket).
+    #[arg(
+        long = "kubelet-watch-interval-ms",
+        env = "HAMI_KUBELET_WATCH_INTERVAL_MS",
+        default_value_t = 250
+    )]
+    pub kubelet_watch_ms: u64,
+    /// Do not talk to the API server (no node annotation, no pending-pod lookup): for trying the
+    /// kubelet side alone.
+    #[arg(long = "skip-node-register", env = "HAMI_SKIP_NODE_REGISTER")]
+    pub skip_node_register: bool,
+}
+
+/// `inventory` flags.
+#[derive(Debug, Clone, Args)]
+pub struct InventoryArgs {
+    /// GPUs and settings.
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Why the binary stops with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Configuration is invalid.
+    #[error(transparent)]
+    Settings(#[from] SettingsError),
+    /// GPUs could not be listed.
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    /// No GPU left to advertise.
+    #[error(transparent)]
+    NoGpu(#[from] NoGpuError),
+    /// `run` without a node name.
+    #[error("no node name: set NODE_NAME (downward API spec.nodeName) or pass --node-name")]
+    MissingNodeName,
+    /// A duration flag is not a positive number of seconds.
+    #[error("--{flag}={value} is not a positive number of seconds")]
+    BadDuration {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        value: f64,
+    },
+    /// No API server configuration.
+    #[error(
+        "cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG): {0}"
+    )]
+    Kube(#[from] kube::Error),
+    /// kubelet side failed.
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
+}
+
+impl CliError {
+    /// Exit status: 2 for configuration mistakes, 1 for everything else.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Settings(_) | Self::MissingNodeName | Self::BadDuration { .. } => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// The settings for this node from the files named in `source`.
+pub fn load_settings(source: &SourceArgs) -> Result<PluginSettings, SettingsError> {
+    let mut settings = PluginSettings::load(
+        source.config.as_deref(),
+        source.node_config.as_deref(),
+        source.node_name.as_deref(),
+    )?;
+    settings.numa_topology |= source.numa_topology;
+    Ok(settings)
+}
+
+/// The inventory backend: the file when given, else NVML.
+pub fn open_inventory(source: &SourceArgs) -> Result<Box<dyn GpuInventory>, InventoryError> {
+    match &source.inventory {
+        Some(path) => Ok(Box::new(FileInventory::new(path))),
+        None => Ok(Box::new(NvmlInventory::init()?)),
+    }
+}
+
+fn seconds(flag: &'static str, value: f64) -> Result<Duration, CliError> {
+    Duration::try_from_secs_f64(value)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or(CliError::BadDuration { flag, value })
+}
+
+/// One kubelet device in the report.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportDevice {
+    /// Device ID.
+    pub id: String,
+    /// `Healthy` / `Unhealthy`.
+    pub health: String,
+    /// NUMA node, when topology is attached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i64>,
+}
+
+/// What `inventory` prints.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InventoryReport {
+    /// `nvml` or `file`.
+    pub backend: String,
+    /// Every GPU found.
+    pub gpus: Vec<Gpu>,
+    /// GPUs not advertised, with the reason.
+    pub skipped: Vec<SkippedGpu>,
+    /// The extended resource.
+    pub resource_name: String,
+    /// The plugin socket's file name.
+    pub socket: String,
+    /// Shares per GPU.
+    pub split_count: u32,
+    /// The list `ListAndWatch` would send.
+    pub kubelet_devices: Vec<ReportDevice>,
+    /// The node annotation key.
+    pub node_annotation_key: String,
+    /// The node annotation value, exactly as it would be patched.
+    pub node_annotation: String,
+}
+
+/// Builds the `inventory` report.
+pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, CliError> {
+    let settings = load_settings(source)?;
+    let inventory = open_inventory(source)?;
+    let gpus = inventory.discover()?;
+    let (table, skipped) = DeviceTable::build(
+        gpus.clone(),
+        &settings.filter,
+        settings.split_count,
+        settings.numa_topology,
+    )?;
+    let annotation = node_register::register_annotation(&table, settings.scaling());
+    let kubelet_devices = table
+        .kubelet_devices()
+        .into_iter()
+        .map(|d| ReportDevice {
+            id: d.id,
+            health: d.health,
+            numa_node: d.topology.and_then(|t| t.nodes.first().map(|n| n.id)),
+        })
+        .collect();
+    Ok(InventoryReport {
+        backend: inventory.backend().to_owned(),
+        gpus,
+        skipped,
+        socket: plugin::socket_name(&settings.resource_name),
+        resource_name: settings.resource_name,
+        split_count: table.split_count(),
+        kubelet_devices,
+        node_annotation_key: ANNOTATION_NODE_NVIDIA_REGISTER.to_owned(),
+        node_annotation: annotation,
+    })
+}
+
+/// The report as text for people.
+pub fn render_report(report: &InventoryReport) -> String {
+    let mut out = format!("backend: {}\n", report.backend);
+    for gpu in &report.gpus {
+        out.push_str(&format!(
+            "GPU {} {} {} {} MiB numa={} mig={} healthy={}\n",
+            gpu.index,
+            gpu.uuid,
+            gpu.name,
+            gpu.memory_mib,
+            gpu.numa_node
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            gpu.mig_enabled,
+            gpu.healthy
+        ));
+    }
+    for skipped in &report.skipped {
+        out.push_str(&format!(
+            "skipped {} (index {}): {}\n",
+            skipped.uuid, skipped.index, skipped.reason
+        ));
+    }
+    out.push_str(&format!(
+        "resource {} on {}: {} devices ({} per GPU)\n",
+        report.resource_name,
+        report.socket,
+        report.kubelet_devices.len(),
+        report.split_count
+    ));
+    for device in &report.kubelet_devices {
+        out.push_str(&format!("  {} {}\n", device.id, device.health));
+    }
+    out.push_str(&format!(
+        "{}: {}\n",
+        report.node_annotation_key, report.node_annotation
+    ));
+    out
+}
+
+/// What an allocate handler factory may use.
+#[derive(Clone)]
+pub struct RunContext {
+    /// This node.
+    pub node_name: String,
+    /// Settings for this node.
+    pub settings: PluginSettings,
+    /// The API server client (absent with `--skip-node-register`).
+    pub client: Option<kube::Client>,
+}
+
+impl std::fmt::Debug for RunContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunContext")
+            .field("node_name", &self.node_name)
+            .field("settings", &self.settings)
+            .field("client", &self.client.as_ref().map(|_| "kube::Client"))
+            .finish()
+    }
+}
+
+/// `run`: serves kubelet until `shutdown` completes. `make_allocate` builds the `Allocate`
+/// handler from the resolved context (the extension point of the allocation logic).
+pub async fn run(
+    args: RunArgs,
+    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, CliError>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), CliError> {
+    let settings = load_settings(&args.source)?;
+    let node_name = args
+        .source
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or(CliError::MissingNodeName)?;
+    let interval = seconds("register-interval", args.register_interval)?;
+    let retry = seconds("register-retry", args.register_retry)?;
+    let inventory = open_inventory(&args.source)?;
+    let found = inventory.discover()?;
+    let (table, skipped) = DeviceTable::build(
+        found,
+        &settings.filter,
+        settings.split_count,
+        settings.numa_topology,
+    )?;
+    for s in &skipped {
+        tracing::warn!(gpu = %s.uuid, index = s.index, reason = %s.reason, "GPU not advertised");
+    }
+    for gpu in table.gpus() {
+        tracing::info!(backend = inventory.backend(), gpu = %gpu.uuid, index = gpu.index, name = %gpu.name, memory_mib = gpu.memory_mib, "GPU advertised");
+    }
+    let client = if args.skip_node_register {
+        None
+    } else {
+        Some(kube::Client::try_default().await?)
+    };
+    let context = RunContext {
+        node_name: node_name.clone(),
+        settings: settings.clone(),
+        client: client.clone(),
+    };
+    let allocate = make_allocate(&context)?;
+    let pending: Arc<dyn PendingPodDevices> = match &client {
+        Some(client) => Arc::new(KubePendingPod::new(client.clone(), node_name.clone())),
+        None => Arc::new(NoPendingPod),
+    };
+    let state = SharedState::new(
+        table.clone(),
+        settings.preferred_allocation,
+        allocate,
+        pending,
+    );
+    let (health_tx, health_rx) = mpsc::unbounded_channel();
+    inventory.watch_health(table.gpus(), health_tx)?;
+    spawn_health_updates(Arc::clone(&state), health_rx);
+
+    let (stopping, stopped) = watch::channel(false);
+    let register_task = client.map(|client| {
+        let config = NodeRegisterConfig {
+            node_name,
+            interval,
+            retry,
+            scaling: settings.scaling(),
+        };
+        let mut stopped = stopped.clone();
+        tokio::spawn(node_register::run_node_register(
+            client,
+            config,
+            state.table.subscribe(),
+            async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            },
+        ))
+    });
+    let mut lifecycle = Lifecycle::new(&args.kubelet_dir, &settings.resource_name);
+    lifecycle.watch_interval = Duration::from_millis(args.kubelet_watch_ms.max(10));
+    let result = plugin::serve(lifecycle, state, shutdown).await;
+    let _ = stopping.send(true);
+    if let Some(task) = register_task {
+        let _ = task.await;
+    }
+    result.map_err(CliError::from)
+}
+
+/// The options a plugin with these settings announces (for tests and tools).
+pub fn plugin_options(settings: &PluginSettings) -> v1beta1::DevicePluginOptions {
+    v1beta1::DevicePluginOptions {
+        pre_start_required: false,
+        get_preferred_allocation_available: settings.preferred_allocation,
+    }
+}

@@ -1,0 +1,398 @@
+//! What GPUs this node has: the [`GpuInventory`] trait and its two backends, NVML
+//! ([`crate::nvml::NvmlInventory`]) and an inventory file ([`FileInventory`]) for machines
+//! without NVIDIA hardware (development, CI, the in-process tests).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+/// One physical GPU as the plugin sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gpu {
+    /// NVML UUID, e.g. `GPU-6e8a…`.
+    pub uuid: String,
+    /// NVML index (the order `nvidia-smi` lists).
+    pub index: u32,
+    /// NVML product name, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Total framebuffer memory in MiB (bytes / 1024²).
+    pub memory_mib: u64,
+    /// NUMA node of the PCI device, when the platform reports one.
+    pub numa_node: Option<i64>,
+    /// MIG mode currently enabled on this GPU.
+    pub mig_enabled: bool,
+    /// False after a critical Xid error (NVML) or when the inventory file says so.
+    pub healthy: bool,
+}
+
+/// A change of one GPU's health.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthEvent {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// Its new health.
+    pub healthy: bool,
+    /// Why, for the log (an Xid number, the inventory file).
+    pub reason: String,
+}
+
+/// Errors finding GPUs.
+#[derive(Debug, thiserror::Error)]
+pub enum InventoryError {
+    /// NVML could not be loaded or initialised (no driver, no GPU, no libnvidia-ml.so.1).
+    #[error(
+        "NVML is not available ({0}); on a machine without NVIDIA GPUs pass --inventory FILE (env HAMI_INVENTORY) with a YAML list of GPUs"
+    )]
+    NvmlUnavailable(String),
+    /// An NVML call failed for one GPU.
+    #[error("NVML: {call} for GPU {index}: {message}")]
+    Nvml {
+        /// The NVML function.
+        call: &'static str,
+        /// The GPU index.
+        index: u32,
+        /// NVML's error text.
+        message: String,
+    },
+    /// The inventory file could not be read.
+    #[error("inventory file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The inventory file is not a YAML list of GPUs.
+    #[error("inventory file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the position.
+        message: String,
+    },
+    /// A GPU entry is unusable.
+    #[error("inventory file {path}: GPU #{position} ({uuid:?}): {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Position in the list, from 0.
+        position: usize,
+        /// The UUID as written.
+        uuid: String,
+        /// What is wrong and what would be accepted.
+        message: String,
+    },
+}
+
+/// A source of GPUs and of their health changes.
+pub trait GpuInventory: Send + Sync + std::fmt::Debug {
+    /// Short backend name for logs and `inventory --json` (`nvml`, `file`).
+    fn backend(&self) -> &'static str;
+
+    /// The GPUs present now, in index order.
+    fn discover(&self) -> Result<Vec<Gpu>, InventoryError>;
+
+    /// Starts watching GPU health in the background; every change is sent on `events`. The watch
+    /// stops when the receiver is dropped.
+    fn watch_health(
+        &self,
+        gpus: &[Gpu],
+        events: mpsc::UnboundedSender<HealthEvent>,
+    ) -> Result<(), InventoryError>;
+}
+
+/// One entry of an inventory file. Keys are camelCase; unknown keys are refused (a typo must not
+/// silently become a default).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileGpu {
+    uuid: String,
+    index: Option<u32>,
+    name: String,
+    memory_mib: u64,
+    #[serde(default)]
+    numa_node: Option<i64>,
+    #[serde(default)]
+    mig_enabled: bool,
+    #[serde(default = "default_true")]
+    healthy: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Longest UUID we accept: kubelet device IDs (`<uuid>-<n>`) must stay within 63 characters.
+const MAX_UUID_LEN: usize = 58;
+
+/// GPUs described by a YAML file, for machines without NVIDIA hardware:
+///
+/// ```yaml
+/// - uuid: GPU-00000000-0000-0000-0000-000000000000
+///   index: 0            # optional, default: position in the list
+///   name: NVIDIA H200
+///   memoryMib: 143771
+///   numaNode: 0         # optional
+///   migEnabled: false   # optional
+///   healthy: true       # optional; edit to false while running to mark the GPU unhealthy
+/// ```
+#[derive(Debug, Clone)]
+pub struct FileInventory {
+    path: PathBuf,
+    poll: Duration,
+}
+
+impl FileInventory {
+    /// Reads GPUs from `path`; the file is re-read for health every second.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            poll: Duration::from_secs(1),
+        }
+    }
+
+    /// Sets how often the file is checked for health changes.
+    #[must_use]
+    pub fn with_poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Parses the text of an inventory file (`path` is only used in messages).
+pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryError> {
+    let entries: Vec<FileGpu> =
+        serde_yaml_ng::from_str(text).map_err(|e| InventoryError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    let mut gpus = Vec::with_capacity(entries.len());
+    for (position, entry) in entries.into_iter().enumerate() {
+        let invalid = |message: String| InventoryError::Invalid {
+            path: path.to_path_buf(),
+            position,
+            uuid: entry.uuid.clone(),
+            message,
+        };
+        let uuid_ok = !entry.uuid.is_empty()
+            && entry.uuid.len() <= MAX_UUID_LEN
+            && entry
+                .uuid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !uuid_ok {
+            return Err(invalid(format!(
+                "uuid must be 1..={MAX_UUID_LEN} characters of letters, digits, '-', '_', '.'"
+            )));
+        }
+        if entry.memory_mib == 0 {
+            return Err(invalid(
+                "memoryMib must be a positive number of MiB".to_owned(),
+            ));
+        }
+        if entry.name.trim().is_empty() {
+            return Err(invalid("name must not be empty".to_owned()));
+        }
+        if gpus.iter().any(|g: &Gpu| g.uuid == entry.uuid) {
+            return Err(invalid("uuid appears twice".to_owned()));
+        }
+        let index = match entry.index {
+            Some(i) => i,
+            None => u32::try_from(position).map_err(|_| invalid("too many GPUs".to_owned()))?,
+        };
+        if gpus.iter().any(|g: &Gpu| g.index == index) {
+            return Err(invalid(format!("index {index} appears twice")));
+        }
+        gpus.push(Gpu {
+            uuid: entry.uuid,
+            index,
+            name: entry.name,
+            memory_mib: entry.memory_mib,
+            numa_node: entry.numa_node,
+            mig_enabled: entry.mig_enabled,
+            healthy: entry.healthy,
+        });
+    }
+    gpus.sort_by_key(|g| g.index);
+    Ok(gpus)
+}
+
+fn read_inventory(path: &Path) -> Result<Vec<Gpu>, InventoryError> {
+    let text = std::fs::read_to_string(path).map_err(|source| InventoryError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_inventory(path, &text)
+}
+
+fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+impl GpuInventory for FileInventory {
+    fn backend(&self) -> &'static str {
+        "file"
+    }
+
+    fn discover(&self) -> Result<Vec<Gpu>, InventoryError> {
+        read_inventory(&self.path)
+    }
+
+    fn watch_health(
+        &self,
+        gpus: &[Gpu],
+        events: mpsc::UnboundedSender<HealthEvent>,
+    ) -> Result<(), InventoryError> {
+        let path = self.path.clone();
+        let poll = self.poll;
+        let mut known: Vec<(String, bool)> =
+            gpus.iter().map(|g| (g.uuid.clone(), g.healthy)).collect();
+        tokio::spawn(async move {
+            let mut last_modified = modified(&path);
+            let mut ticker = tokio::time::interval(poll);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = ticker.tick() => {}
+                    () = events.closed() => return,
+                }
+                let now = modified(&path);
+                if now == last_modified {
+                    continue;
+                }
+                last_modified = now;
+                let current = match read_inventory(&path) {
+                    Ok(current) => current,
+                    Err(error) => {
+                        tracing::warn!(%error, "inventory file changed but cannot be read; health unchanged");
+                        continue;
+                    }
+                };
+                for (uuid, healthy) in &mut known {
+                    let Some(gpu) = current.iter().find(|g| &g.uuid == uuid) else {
+                        continue;
+                    };
+                    if gpu.healthy != *healthy {
+                        *healthy = gpu.healthy;
+                        let event = HealthEvent {
+                            uuid: uuid.clone(),
+                            healthy: gpu.healthy,
+                            reason: format!("inventory file {}", path.display()),
+                        };
+                        if events.send(event).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// GPUs the node config excludes (`filterdevices`), by UUID or by index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFilter {
+    /// UUIDs to leave out.
+    pub uuids: Vec<String>,
+    /// Indices to leave out.
+    pub indices: Vec<u32>,
+}
+
+impl DeviceFilter {
+    /// Whether this GPU is excluded.
+    pub fn excludes(&self, gpu: &Gpu) -> bool {
+        self.uuids.iter().any(|u| u == &gpu.uuid) || self.indices.contains(&gpu.index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO: &str = "
+- uuid: GPU-aaa
+  name: NVIDIA H200
+  memoryMib: 143771
+  numaNode: 1
+- uuid: GPU-bbb
+  index: 1
+  name: Tesla P4
+  memoryMib: 7680
+  healthy: false
+";
+
+    #[test]
+    fn parses_a_list_with_defaults() {
+        let gpus = parse_inventory(Path::new("inv.yaml"), TWO).unwrap();
+        assert_eq!(gpus.len(), 2);
+        assert_eq!(gpus[0].index, 0);
+        assert_eq!(gpus[0].numa_node, Some(1));
+        assert!(gpus[0].healthy);
+        assert!(!gpus[0].mig_enabled);
+        assert_eq!(gpus[1].name, "Tesla P4");
+        assert!(!gpus[1].healthy);
+    }
+
+    #[test]
+    fn refuses_unknown_keys_and_bad_entries() {
+        let err = parse_inventory(
+            Path::new("i.yaml"),
+            "- uuid: GPU-a\n  name: x\n  memoryMB: 5\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("memoryMB"), "{err}");
+        let err = parse_inventory(
+            Path::new("i.yaml"),
+            "- uuid: GPU-a\n  name: x\n  memoryMib: 0\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("memoryMib must be a positive"),
+            "{err}"
+        );
+        let err = parse_inventory(
+            Path::new("i.yaml"),
+            "- {uuid: GPU-a, name: x, memoryMib: 1}\n- {uuid: GPU-a, name: y, memoryMib: 1}\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("GPU #1") && err.to_string().contains("twice"),
+            "{err}"
+        );
+        let err = parse_inventory(
+            Path::new("i.yaml"),
+            "- {uuid: 'GPU a/b', name: x, memoryMib: 1}\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("uuid must be"), "{err}");
+        let err = parse_inventory(Path::new("i.yaml"), "gpus: []\n").unwrap_err();
+        assert!(
+            err.to_string().starts_with("inventory file i.yaml:"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn filter_by_uuid_or_index() {
+        let gpus = parse_inventory(Path::new("inv.yaml"), TWO).unwrap();
+        let by_uuid = DeviceFilter {
+            uuids: vec!["GPU-bbb".into()],
+            indices: vec![],
+        };
+        assert!(!by_uuid.excludes(&gpus[0]) && by_uuid.excludes(&gpus[1]));
+        let by_index = DeviceFilter {
+            uuids: vec![],
+            indices: vec![0],
+        };
+        assert!(by_index.excludes(&gpus[0]) && !by_index.excludes(&gpus[1]));
+    }
+}
