@@ -1,0 +1,256 @@
+//! The webhook's settings: what decisions read and how the server runs.
+//!
+//! Loaded with the shared layered loader: built-in defaults < a YAML/JSON file (`--config`) <
+//! environment variables prefixed `HAMI_` with `__` between levels (e.g.
+//! `HAMI_NVIDIA__GPUCOREPOLICY=force`, `HAMI_SERVER__BODYLIMITBYTES=1048576`). Keys use HAMi's
+//! names where HAMi has them: the `nvidia:` section mirrors HAMi's `device-config.yaml` (its other
+//! keys are accepted and ignored, so HAMi's own file can be passed as is).
+//!
+//! Extension point: further decision modules (KAI) add their own section here (`kai:`), with
+//! `#[serde(default)]`, and read it from `decide`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hami_shared::values::CorePolicy;
+use serde::{Deserialize, Serialize};
+
+/// Every setting of the webhook. Each field has a documented default.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Settings {
+    /// HAMi's NVIDIA device settings (same names as HAMi's `device-config.yaml` `nvidia:`).
+    pub nvidia: NvidiaSettings,
+    /// The HAMi scheduler that GPU pods are sent to (HAMi's `--scheduler-name`).
+    #[serde(alias = "schedulername")]
+    pub scheduler_name: String,
+    /// Deny a privileged GPU container (it sees every GPU on the node); when false it is allowed
+    /// with a warning.
+    #[serde(alias = "denyprivilegedgpucontainers")]
+    pub deny_privileged_gpu_containers: bool,
+    /// How the HTTPS server runs.
+    pub server: ServerSettings,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            nvidia: NvidiaSettings::default(),
+            scheduler_name: "hami-scheduler".to_owned(),
+            deny_privileged_gpu_containers: true,
+            server: ServerSettings::default(),
+        }
+    }
+}
+
+/// The HAMi resource names and the core policy. Names as in HAMi's device config.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct NvidiaSettings {
+    /// Default `nvidia.com/gpu`.
+    #[serde(alias = "resourcecountname")]
+    pub resource_count_name: String,
+    /// Default `nvidia.com/gpumem`.
+    #[serde(alias = "resourcememoryname")]
+    pub resource_memory_name: String,
+    /// Default `nvidia.com/gpumem-percentage`.
+    #[serde(alias = "resourcememorypercentagename")]
+    pub resource_memory_percentage_name: String,
+    /// Default `nvidia.com/gpucores`.
+    #[serde(alias = "resourcecorename")]
+    pub resource_core_name: String,
+    /// Default `nvidia.com/priority`.
+    #[serde(alias = "resourcepriorityname")]
+    pub resource_priority_name: String,
+    /// `default` (nothing set), `force` or `disable` (set as `GPU_CORE_UTILIZATION_POLICY`).
+    #[serde(alias = "gpucorepolicy")]
+    pub gpu_core_policy: CorePolicy,
+}
+
+impl Default for NvidiaSettings {
+    fn default() -> Self {
+        Self {
+            resource_count_name: "nvidia.com/gpu".to_owned(),
+            resource_memory_name: "nvidia.com/gpumem".to_owned(),
+            resource_memory_percentage_name: "nvidia.com/gpumem-percentage".to_owned(),
+            resource_core_name: "nvidia.com/gpucores".to_owned(),
+            resource_priority_name: "nvidia.com/priority".to_owned(),
+            gpu_core_policy: CorePolicy::Default,
+        }
+    }
+}
+
+impl NvidiaSettings {
+    /// The resource names that make a container a HAMi GPU container.
+    #[must_use]
+    pub fn gpu_resource_names(&self) -> [&str; 5] {
+        [
+            &self.resource_count_name,
+            &self.resource_memory_name,
+            &self.resource_memory_percentage_name,
+            &self.resource_core_name,
+            &self.resource_priority_name,
+        ]
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// How the HTTPS server runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ServerSettings {
+    /// HTTPS address for `POST /mutate`. Default `0.0.0.0:9443`.
+    pub listen: SocketAddr,
+    /// Plain-HTTP address for `/healthz`, `/readyz`, `/metrics`. Default `0.0.0.0:9090`.
+    #[serde(alias = "metricslisten")]
+    pub metrics_listen: SocketAddr,
+    /// PEM certificate chain file. Default `/tls/tls.crt`.
+    #[serde(alias = "tlscert")]
+    pub tls_cert: PathBuf,
+    /// PEM private key file. Default `/tls/tls.key`.
+    #[serde(alias = "tlskey")]
+    pub tls_key: PathBuf,
+    /// Largest accepted request body; larger gets HTTP 413. Default 8 MiB.
+    #[serde(alias = "bodylimitbytes")]
+    pub body_limit_bytes: usize,
+    /// Time allowed to receive a request and answer it; later gets HTTP 408. Default 10.
+    #[serde(alias = "requesttimeoutseconds")]
+    pub request_timeout_seconds: u64,
+    /// Time allowed for a TLS handshake. Default 10.
+    #[serde(alias = "tlshandshaketimeoutseconds")]
+    pub tls_handshake_timeout_seconds: u64,
+    /// Reviews processed at once; more wait. Default 256.
+    #[serde(alias = "maxconcurrentrequests")]
+    pub max_concurrent_requests: usize,
+    /// Open connections at once; more wait in the listen backlog. Default 4096.
+    #[serde(alias = "maxconnections")]
+    pub max_connections: usize,
+    /// Tokio worker threads: 0 = one per CPU this process may run on; 1 = a single-threaded
+    /// runtime. Default 0.
+    #[serde(alias = "workerthreads")]
+    pub worker_threads: usize,
+    /// How often the certificate and key files are checked for a change. Default 5.
+    #[serde(alias = "certreloadintervalseconds")]
+    pub cert_reload_interval_seconds: u64,
+    /// After SIGTERM, how long in-flight requests may take before connections are closed. Default 25.
+    #[serde(alias = "shutdowngraceseconds")]
+    pub shutdown_grace_seconds: u64,
+    /// `text` or `json`. Default `text`.
+    #[serde(alias = "logformat")]
+    pub log_format: LogFormat,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 9443)),
+            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            tls_cert: PathBuf::from("/tls/tls.crt"),
+            tls_key: PathBuf::from("/tls/tls.key"),
+            body_limit_bytes: 8 << 20,
+            request_timeout_seconds: 10,
+            tls_handshake_timeout_seconds: 10,
+            max_concurrent_requests: 256,
+            max_connections: 4096,
+            worker_threads: 0,
+            cert_reload_interval_seconds: 5,
+            shutdown_grace_seconds: 25,
+            log_format: LogFormat::Text,
+        }
+    }
+}
+
+impl ServerSettings {
+    /// [`Self::request_timeout_seconds`] as a duration (at least 1 s).
+    #[must_use]
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(self.request_timeout_seconds.max(1))
+    }
+
+    /// [`Self::tls_handshake_timeout_seconds`] as a duration (at least 1 s).
+    #[must_use]
+    pub fn tls_handshake_timeout(&self) -> Duration {
+        Duration::from_secs(self.tls_handshake_timeout_seconds.max(1))
+    }
+
+    /// [`Self::cert_reload_interval_seconds`] as a duration (at least 1 s).
+    #[must_use]
+    pub fn cert_reload_interval(&self) -> Duration {
+        Duration::from_secs(self.cert_reload_interval_seconds.max(1))
+    }
+
+    /// [`Self::shutdown_grace_seconds`] as a duration.
+    #[must_use]
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_seconds)
+    }
+}
+
+/// A settings file or environment value that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(pub String);
+
+impl Settings {
+    /// Defaults < `file` (YAML or JSON) < `HAMI_*` environment variables.
+    ///
+    /// # Errors
+    /// A file that cannot be read or a key whose value is not accepted; the message names the file,
+    /// the key and the value.
+    pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
+        // TEMPORARY until hami_shared::config lands: file only, no env layer.
+        let Some(file) = file else {
+            return Ok(Self::default());
+        };
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| SettingsError(format!("{}: {e}", file.display())))?;
+        serde_yaml_ng::from_str(&text)
+            .map_err(|e| SettingsError(format!("{}: {e}", file.display())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_hami() {
+        let s = Settings::default();
+        assert_eq!(s.nvidia.resource_count_name, "nvidia.com/gpu");
+        assert_eq!(s.nvidia.resource_priority_name, "nvidia.com/priority");
+        assert_eq!(s.scheduler_name, "hami-scheduler");
+        assert!(s.deny_privileged_gpu_containers);
+        assert_eq!(s.server.body_limit_bytes, 8 * 1024 * 1024);
+    }
+
+    #[test]
+    fn hami_device_config_is_accepted_as_is() {
+        let yaml = "nvidia:\n  resourceCountName: example.com/gpu\n  defaultMemory: 0\n  deviceSplitCount: 10\n  gpuCorePolicy: force\ncambricon:\n  resourceCountName: x\n";
+        let s: Settings = serde_yaml_ng::from_str(yaml).unwrap();
+        assert_eq!(s.nvidia.resource_count_name, "example.com/gpu");
+        assert_eq!(s.nvidia.gpu_core_policy, CorePolicy::Force);
+        assert_eq!(s.nvidia.resource_memory_name, "nvidia.com/gpumem");
+    }
+
+    #[test]
+    fn bad_core_policy_names_value_and_accepted_forms() {
+        let err = serde_yaml_ng::from_str::<Settings>("nvidia:\n  gpuCorePolicy: FORCE\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("FORCE") && err.contains("default, force, disable"),
+            "{err}"
+        );
+    }
+}
