@@ -3,7 +3,7 @@
 //! without NVIDIA hardware (development, CI, the in-process tests).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -233,10 +233,6 @@ fn read_inventory(path: &Path) -> Result<Vec<Gpu>, InventoryError> {
     parse_inventory(path, &text)
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
 impl GpuInventory for FileInventory {
     fn backend(&self) -> &'static str {
         "file"
@@ -256,7 +252,6 @@ impl GpuInventory for FileInventory {
         let mut known: Vec<(String, bool)> =
             gpus.iter().map(|g| (g.uuid.clone(), g.healthy)).collect();
         tokio::spawn(async move {
-            let mut last_modified = modified(&path);
             let mut ticker = tokio::time::interval(poll);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -264,15 +259,10 @@ impl GpuInventory for FileInventory {
                     _ = ticker.tick() => {}
                     () = events.closed() => return,
                 }
-                let now = modified(&path);
-                if now == last_modified {
-                    continue;
-                }
-                last_modified = now;
                 let current = match read_inventory(&path) {
                     Ok(current) => current,
                     Err(error) => {
-                        tracing::warn!(%error, "inventory file changed but cannot be read; health unchanged");
+                        tracing::warn!(%error, "inventory file cannot be read; health unchanged");
                         continue;
                     }
                 };

@@ -1,1 +1,2 @@
 //! Crate root (being built).
+pub mod kubelet;
