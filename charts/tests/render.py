@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Lint and render the hami-limits chart with real Helm (PyPI helm-python-sdk, Helm v4 inside).
+
+Usage: render.py OUT_DIR
+
+Writes OUT_DIR/<scenario>/<template file name> for every scenario below (the Rust test
+certs/tests/chart.rs parses every manifest into k8s-openapi types and asserts the key fields), and
+checks here what only Helm can tell: lint is clean, each scenario passes the values schema, and the
+schema rejects bad values. Exits non-zero, naming the failure, on any problem.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+from pathlib import Path
+
+try:
+    import helm_python as helm
+except ImportError as e:  # pragma: no cover - the message is the point
+    sys.exit(f"render.py: cannot import helm_python ({e}); run: pip install -r scripts/requirements-test.txt")
+
+CHART = Path(__file__).resolve().parent.parent / "hami-limits"
+RELEASE = "hl"
+NAMESPACE = "hami-system"
+
+# Scenario name -> values overrides (merged over the chart defaults by Helm).
+SCENARIOS: dict[str, dict] = {
+    "default": {},
+    "cert-manager": {"certs": {"certManager": {"enabled": True}}},
+    "cert-manager-issuer": {
+        "certs": {
+            "secretName": "custom-tls",
+            "certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}},
+        }
+    },
+    "env-delivery": {"devicePlugin": {"limitDelivery": "env"}},
+    "per-node": {
+        "devicePlugin": {
+            "limitDelivery": "env",
+            "nodeConfig": [
+                {"name": "gpu-canary-1", "limitdelivery": "file"},
+                {
+                    "name": "gpu-a100-7",
+                    "operatingmode": "hami-core",
+                    "devicesplitcount": 4,
+                    "devicememoryscaling": 1.5,
+                    "devicecorescaling": 1,
+                    "libcudaloglevel": 2,
+                    "filterdevices": {"uuid": ["GPU-0d9e7f3a"], "index": [3]},
+                    "enablegetpreferredallocation": True,
+                    "limitdelivery": "file",
+                },
+            ],
+        }
+    },
+    "per-gpu-vram": {"webhook": {"kai": {"perGpuVramMib": 81920}}},
+    "kai": {
+        "webhook": {
+            "kai": {
+                "schedulerNames": ["kai-scheduler", "kai-scheduler-batch"],
+                "hookPath": "/opt/vgpu",
+                "preloadContainers": "all",
+                "limitDelivery": "env",
+            }
+        }
+    },
+    "custom-names": {
+        "devicePlugin": {
+            "resourceCountName": "example.com/vgpu",
+            "resourceMemoryName": "example.com/vgpu-memory",
+            "gpuCorePolicy": "force",
+            "libCudaLogLevel": 3,
+            "deviceSplitCount": 4,
+            "deviceMemoryScaling": 2,
+            "hookPath": "/opt/hami",
+            "runtimeClassName": "nvidia",
+        }
+    },
+    "ignore-no-conditions": {
+        "webhook": {
+            "failurePolicy": "Ignore",
+            "matchConditions": False,
+            "timeoutSeconds": 5,
+            "replicas": 1,
+            "excludeNamespaces": ["monitoring"],
+        },
+        "certs": {"certgen": {"renewal": {"enabled": False}}},
+    },
+    "webhook-only": {"devicePlugin": {"enabled": False}},
+    "device-plugin-only": {"webhook": {"enabled": False}, "devicePlugin": {"hamiCore": {"install": False}}},
+}
+
+# Values the schema must refuse: (description, overrides, text the error must contain).
+BAD_VALUES: list[tuple[str, dict, str]] = [
+    ("limitDelivery in capitals", {"devicePlugin": {"limitDelivery": "FILE"}}, "limitDelivery"),
+    ("limitDelivery unknown", {"devicePlugin": {"limitDelivery": "both"}}, "limitDelivery"),
+    ("per-node limitdelivery in capitals", {"devicePlugin": {"nodeConfig": [{"name": "n1", "limitdelivery": "ENV"}]}}, "limitdelivery"),
+    ("per-node entry without name", {"devicePlugin": {"nodeConfig": [{"limitdelivery": "env"}]}}, "name"),
+    ("per-node unknown key", {"devicePlugin": {"nodeConfig": [{"name": "n1", "limitDelivry": "env"}]}}, "limitDelivry"),
+    ("dynamic MIG spelled wrong", {"devicePlugin": {"nodeConfig": [{"name": "n1", "operatingmode": "MIG"}]}}, "operatingmode"),
+    ("gpuCorePolicy in capitals", {"devicePlugin": {"gpuCorePolicy": "FORCE"}}, "gpuCorePolicy"),
+    ("deviceSplitCount zero", {"devicePlugin": {"deviceSplitCount": 0}}, "deviceSplitCount"),
+    ("libCudaLogLevel above 4", {"devicePlugin": {"libCudaLogLevel": 5}}, "libCudaLogLevel"),
+    ("relative hookPath", {"devicePlugin": {"hookPath": "usr/local"}}, "hookPath"),
+    ("typo in a devicePlugin key", {"devicePlugin": {"limitDelivry": "env"}}, "limitDelivry"),
+    ("failurePolicy lower case", {"webhook": {"failurePolicy": "fail"}}, "failurePolicy"),
+    ("timeoutSeconds zero", {"webhook": {"timeoutSeconds": 0}}, "timeoutSeconds"),
+    ("timeoutSeconds above 30", {"webhook": {"timeoutSeconds": 31}}, "timeoutSeconds"),
+    ("replicas as a string", {"webhook": {"replicas": "2"}}, "replicas"),
+    ("perGpuVramMib zero", {"webhook": {"kai": {"perGpuVramMib": 0}}}, "perGpuVramMib"),
+    ("perGpuVramMib as a string", {"webhook": {"kai": {"perGpuVramMib": "80Gi"}}}, "perGpuVramMib"),
+    ("preloadContainers unknown", {"webhook": {"kai": {"preloadContainers": "first"}}}, "preloadContainers"),
+    ("KAI limitDelivery in capitals", {"webhook": {"kai": {"limitDelivery": "Env"}}}, "limitDelivery"),
+    ("logFormat unknown", {"webhook": {"logFormat": "yaml"}}, "logFormat"),
+    ("certDays zero", {"certs": {"certDays": 0}}, "certDays"),
+    ("issuerRef kind unknown", {"certs": {"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}}, "kind"),
+    ("unknown top-level key", {"devicePlugins": {}}, "devicePlugins"),
+]
+
+
+class Failure(Exception):
+    pass
+
+
+def lint() -> None:
+    for name, overrides in [("default", {})] + [(n, v) for n, v in SCENARIOS.items() if v]:
+        report = helm.lint(CHART, overrides or None, strict=True, namespace=NAMESPACE, kube_version="v1.30.0")
+        problems = [m for m in report.get("messages", []) if m.get("severity", 0) >= 2]
+        if report.get("errors") or problems:
+            raise Failure(f"helm lint ({name}): errors={report.get('errors')} messages={problems}")
+    print(f"lint: clean for default and {len(SCENARIOS) - 1} variants (strict, kube v1.30.0)")
+
+
+def render_all(chart: "helm.Chart", out: Path) -> None:
+    for name, overrides in SCENARIOS.items():
+        chart.validate_schema(overrides)
+        rendered = chart.render(overrides, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        target = out / name
+        target.mkdir(parents=True, exist_ok=True)
+        count = 0
+        for template, text in sorted(rendered.items()):
+            if not text.strip() or template.endswith("NOTES.txt"):
+                continue
+            (target / Path(template).name).write_text(text)
+            count += 1
+        notes = next((t for k, t in rendered.items() if k.endswith("NOTES.txt")), "")
+        if "/overrideEnv" not in notes:
+            raise Failure(f"render ({name}): NOTES.txt does not explain the /overrideEnv check")
+        (target / "values.json").write_text(json.dumps(chart.merge_values(overrides), indent=1))
+        print(f"render: {name}: {count} template files")
+
+
+def check_schema_rejects(chart: "helm.Chart") -> None:
+    for what, overrides, needle in BAD_VALUES:
+        try:
+            chart.validate_schema(overrides)
+        except helm.HelmError as e:
+            if needle not in str(e):
+                raise Failure(f"schema ({what}): error does not name {needle!r}: {e}") from e
+        else:
+            raise Failure(f"schema accepted bad values ({what}): {json.dumps(overrides)}")
+        # Rendering (what `helm install` does) must refuse them too.
+        try:
+            chart.render(overrides, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        except helm.HelmError:
+            pass
+        else:
+            raise Failure(f"render accepted bad values ({what}): {json.dumps(overrides)}")
+    print(f"schema: {len(BAD_VALUES)} bad value sets rejected by validation and by render")
+
+
+def check_defaults_match_values_yaml(chart: "helm.Chart") -> None:
+    values = chart.values
+    if values["devicePlugin"]["limitDelivery"] != "file":
+        raise Failure("default devicePlugin.limitDelivery is not file")
+    chart.validate_schema(copy.deepcopy(values))
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"helm sdk {helm.helm_sdk_version()} (helm-python-sdk {helm.__version__})")
+    try:
+        lint()
+        with helm.Chart.load(CHART) as chart:
+            check_defaults_match_values_yaml(chart)
+            render_all(chart, out)
+            check_schema_rejects(chart)
+    except (Failure, helm.HelmError) as e:
+        print(f"chart test FAILED: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
