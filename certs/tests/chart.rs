@@ -1,7 +1,12 @@
 //! The Helm chart, rendered by real Helm (`charts/tests/render.py`, PyPI `helm-python-sdk`), parsed
 //! manifest by manifest into `k8s-openapi` types. A kind this test does not know fails, and so does
 //! any field a type does not know (every object must serialize back to exactly what was rendered).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::large_enum_variant)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::large_enum_variant
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
