@@ -12,9 +12,11 @@
 pub mod hami_core;
 pub mod limits_file;
 pub mod names;
+pub mod publish;
 pub mod values;
 
 pub use limits_file::{Diagnostic, LimitsFile, LimitsFileError, ParsedLimitsFile, Severity, parse};
+pub use publish::{PublishError, publish_atomic, sweep_temp_files};
 pub use values::{
     CorePolicy, DeliverySource, LimitDelivery, MemoryLimitMib, ResolvedDelivery, SmLimit,
     TaskPriority, ValueError, resolve_limit_delivery,
