@@ -15,6 +15,17 @@ use crate::webhook_config;
 /// Jobs (an upgrade racing a rollback) are the realistic worst case.
 const MAX_ATTEMPTS: u32 = 5;
 
+/// Field manager recorded on every write, so `kubectl get -o yaml --show-managed-fields` (and Helm's
+/// server-side apply) can tell certgen's fields (caBundle, the Secret data) from the chart's.
+pub const FIELD_MANAGER: &str = "hami-certgen";
+
+fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    }
+}
+
 fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
 }
@@ -60,10 +71,10 @@ pub async fn create(
             };
         let object = secret::render(&bundle, settings, existing.as_ref());
         let result = match &existing {
-            None => secrets.create(&PostParams::default(), &object).await,
+            None => secrets.create(&post_params(), &object).await,
             Some(_) => {
                 secrets
-                    .replace(&settings.secret_name, &PostParams::default(), &object)
+                    .replace(&settings.secret_name, &post_params(), &object)
                     .await
             }
         };
@@ -121,7 +132,7 @@ pub async fn patch(
         };
         let webhooks = updated.webhooks.as_ref().map_or(0, Vec::len);
         match configs
-            .replace(webhook_name, &PostParams::default(), &updated)
+            .replace(webhook_name, &post_params(), &updated)
             .await
         {
             Ok(_) => {
