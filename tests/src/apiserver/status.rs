@@ -182,7 +182,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut resp = json_response(code, self.to_status().to_string());
-        if self.code == 429 || self.code == 503 {
+        if self.code == 429 {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
