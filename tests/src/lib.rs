@@ -1,4 +1,5 @@
 //! Test support for hami-limits: an in-process Kubernetes API server ([`apiserver`]) that the real
-//! `kube` client talks to over HTTP, for integration tests and benchmarks.
+//! `kube` client talks to over HTTP, and a fake kubelet ([`kubelet`]) for device plugin tests.
 
 pub mod apiserver;
+pub mod kubelet;
