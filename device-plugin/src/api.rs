@@ -17,10 +17,10 @@ pub mod v1beta1 {
 
 /// The API version a plugin sends in `RegisterRequest.version`.
 pub const VERSION: &str = "v1beta1";
-/// kubelet's registration socket, inside the device-plugin directory.
-pub const KUBELET_SOCKET: &str = "kubelet.sock";
 /// Default device-plugin directory on a node.
-pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
+pub use hami_shared::names::DEVICE_PLUGIN_DIR as DEFAULT_KUBELET_DIR;
+/// kubelet's registration socket, inside the device-plugin directory.
+pub use hami_shared::names::KUBELET_SOCKET;
 /// `Device.health` of a usable device.
 pub const HEALTHY: &str = "Healthy";
 /// `Device.health` of a device kubelet must not hand out.

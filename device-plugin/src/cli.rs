@@ -136,6 +136,9 @@ pub enum CliError {
         "cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG): {0}"
     )]
     Kube(#[from] kube::Error),
+    /// SIGTERM/SIGINT handlers could not be installed.
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
     /// kubelet side failed.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),

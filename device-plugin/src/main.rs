@@ -8,20 +8,19 @@ use clap::Parser;
 use hami_device_plugin::cli::{self, Cli, CliError, Command};
 use hami_device_plugin::service::{AllocateHandler, VisibleDevicesOnly};
 
-/// Completes on SIGTERM (kubelet/the DaemonSet stopping us) or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM/SIGINT handlers now (a signal that arrives while the plugin is still
+/// starting must not kill it with the socket left behind) and returns a future that completes on
+/// the first of them.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-        _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
-    }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+        }
+    })
 }
 
 fn main() -> ExitCode {
@@ -50,7 +49,8 @@ fn main() -> ExitCode {
                     |_: &cli::RunContext| -> Result<Arc<dyn AllocateHandler>, CliError> {
                         Ok(Arc::new(VisibleDevicesOnly))
                     };
-                cli::run(args, make_allocate, shutdown_signal()).await
+                let shutdown = shutdown_signal().map_err(CliError::Signals)?;
+                cli::run(args, make_allocate, shutdown).await
             }
             Command::Inventory(args) => cli::inventory_report(&args.source).map(|report| {
                 if args.json {

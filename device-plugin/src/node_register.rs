@@ -13,8 +13,7 @@ use tokio::sync::watch;
 use crate::devices::DeviceTable;
 use crate::inventory::Gpu;
 
-/// The annotation key.
-pub const ANNOTATION_NODE_NVIDIA_REGISTER: &str = "hami.io/node-nvidia-register";
+pub use hami_shared::names::ANNOTATION_NODE_NVIDIA_REGISTER;
 /// HAMi's device mode for GPUs shared through HAMi-core.
 pub const MODE_HAMI_CORE: &str = "hami-core";
 

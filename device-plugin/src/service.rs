@@ -31,8 +31,7 @@ pub trait AllocateHandler: Send + Sync + std::fmt::Debug + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct VisibleDevicesOnly;
 
-/// Environment variable naming the physical GPUs a container sees.
-pub const ENV_NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
+pub use hami_shared::names::ENV_NVIDIA_VISIBLE_DEVICES;
 
 /// The distinct GPU UUIDs behind kubelet device IDs, in request order; an ID that is not ours is
 /// an `InvalidArgument` status naming it.

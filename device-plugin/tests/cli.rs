@@ -1,0 +1,214 @@
+//! The `hami-device-plugin` binary: `inventory` output, configuration errors and exit codes,
+//! SIGTERM cleanup of the socket.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hami-device-plugin");
+
+const INVENTORY: &str = "
+- uuid: GPU-11111111-aaaa-4000-8000-000000000001
+  name: NVIDIA H200
+  memoryMib: 143771
+  numaNode: 0
+- uuid: GPU-22222222-bbbb-4000-8000-000000000002
+  index: 1
+  name: Tesla P4
+  memoryMib: 7680
+";
+
+/// The binary with a clean environment (no flag picked up from the caller's env).
+fn plugin() -> Command {
+    let mut cmd = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("HAMI_") || key == "NODE_NAME" || key == "KUBECONFIG" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("RUST_LOG", "info");
+    cmd
+}
+
+fn inventory_file(dir: &Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("inventory.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn inventory_json_lists_gpus_devices_and_the_node_annotation() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = plugin()
+        .args(["inventory", "--json", "--inventory"])
+        .arg(inventory_file(dir.path(), INVENTORY))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["backend"], "file");
+    assert_eq!(report["resourceName"], "nvidia.com/gpu");
+    assert_eq!(report["socket"], "nvidia-gpu.sock");
+    assert_eq!(report["splitCount"], 10);
+    assert_eq!(report["gpus"][0]["memoryMib"], 143_771);
+    let devices = report["kubeletDevices"].as_array().unwrap();
+    assert_eq!(devices.len(), 20);
+    assert_eq!(
+        devices[0]["id"],
+        "GPU-11111111-aaaa-4000-8000-000000000001-0"
+    );
+    assert_eq!(
+        devices[19]["id"],
+        "GPU-22222222-bbbb-4000-8000-000000000002-9"
+    );
+    assert_eq!(report["nodeAnnotationKey"], "hami.io/node-nvidia-register");
+    // Go omitempty: index 0 and NUMA node 0 are left out, as HAMi's plugin writes them.
+    assert_eq!(
+        report["nodeAnnotation"],
+        concat!(
+            r#"[{"id":"GPU-11111111-aaaa-4000-8000-000000000001","count":10,"devmem":143771,"devcore":100,"type":"NVIDIA H200","mode":"hami-core","health":true},"#,
+            r#"{"id":"GPU-22222222-bbbb-4000-8000-000000000002","index":1,"count":10,"devmem":7680,"devcore":100,"type":"NVIDIA-Tesla P4","mode":"hami-core","health":true}]"#
+        )
+    );
+}
+
+#[test]
+fn inventory_text_and_the_numa_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = plugin()
+        .args(["inventory", "--enable-numa-topology", "--inventory"])
+        .arg(inventory_file(dir.path(), INVENTORY))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("backend: file\nGPU 0 GPU-11111111-aaaa-4000-8000-000000000001 NVIDIA H200 143771 MiB numa=0"), "{text}");
+    assert!(
+        text.contains("resource nvidia.com/gpu on nvidia-gpu.sock: 20 devices (10 per GPU)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_inventory_file_is_named_with_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = inventory_file(dir.path(), "- uuid: GPU-a\n  name: x\n  memory: 5\n");
+    let out = plugin()
+        .args(["inventory", "--inventory"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains(&format!("inventory file {}", path.display())) && err.contains("memory"),
+        "{err}"
+    );
+
+    let out = plugin()
+        .args(["inventory", "--inventory"])
+        .arg(dir.path().join("missing.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.yaml"));
+}
+
+#[test]
+fn without_nvml_the_error_says_what_to_do() {
+    if hami_device_plugin::nvml::NvmlInventory::init().is_ok() {
+        // A GPU machine: NVML works, the plain command must too.
+        let out = plugin().args(["inventory", "--json"]).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let out = plugin().arg("inventory").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("NVML is not available") && err.contains("--inventory FILE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn run_needs_a_node_name_and_sane_durations() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let out = plugin()
+        .args(["run", "--skip-node-register", "--inventory"])
+        .arg(&inventory)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("set NODE_NAME"));
+
+    let out = plugin()
+        .args([
+            "run",
+            "--skip-node-register",
+            "--register-interval",
+            "0",
+            "--inventory",
+        ])
+        .arg(&inventory)
+        .env("NODE_NAME", "node-a")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--register-interval=0 is not a positive number of seconds")
+    );
+}
+
+#[test]
+fn sigterm_removes_the_socket_and_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let kubelet_dir = dir.path().join("device-plugins");
+    std::fs::create_dir(&kubelet_dir).unwrap();
+    let mut child = plugin()
+        .args(["run", "--skip-node-register", "--inventory"])
+        .arg(&inventory)
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .env("NODE_NAME", "node-a")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let socket = kubelet_dir.join("nvidia-gpu.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the plugin never created {}",
+            socket.display()
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the plugin exited early"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "exit {:?}: {log}", out.status);
+    assert!(!socket.exists(), "socket left behind: {log}");
+    assert!(log.contains("SIGTERM"), "{log}");
+}
