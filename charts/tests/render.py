@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 try:
+    import celpy
     import helm_python as helm
 except ImportError as e:  # pragma: no cover - the message is the point
-    sys.exit(f"render.py: cannot import helm_python ({e}); run: pip install -r scripts/requirements-test.txt")
+    sys.exit(f"render.py: cannot import {e.name} ({e}); run: pip install -r scripts/requirements-test.txt")
 
 CHART = Path(__file__).resolve().parent.parent / "hami-limits"
 RELEASE = "hl"
@@ -146,11 +147,13 @@ def render_all(chart: "helm.Chart", out: Path) -> None:
                 continue
             (target / Path(template).name).write_text(text)
             count += 1
+        cel_cases = check_match_conditions(rendered, name)
         notes = next((t for k, t in rendered.items() if k.endswith("NOTES.txt")), "")
         if "/overrideEnv" not in notes:
             raise Failure(f"render ({name}): NOTES.txt does not explain the /overrideEnv check")
         (target / "values.json").write_text(json.dumps(chart.merge_values(overrides), indent=1))
-        print(f"render: {name}: {count} template files")
+        cel = f", matchConditions right for {cel_cases} pods" if cel_cases else ""
+        print(f"render: {name}: {count} template files{cel}")
 
 
 def check_schema_rejects(chart: "helm.Chart") -> None:
@@ -179,6 +182,98 @@ def check_defaults_match_values_yaml(chart: "helm.Chart") -> None:
     chart.validate_schema(copy.deepcopy(values))
 
 
+def pod(annotations=None, containers=None, init_containers=None) -> dict:
+    spec: dict = {"containers": containers or [{"name": "main", "image": "busybox"}]}
+    if init_containers is not None:
+        spec["initContainers"] = init_containers
+    meta: dict = {"name": "p", "namespace": "team-a"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def ctr(limits=None, requests=None) -> dict:
+    c: dict = {"name": "c", "image": "cuda"}
+    res = {}
+    if limits is not None:
+        res["limits"] = limits
+    if requests is not None:
+        res["requests"] = requests
+    if res:
+        c["resources"] = res
+    return c
+
+
+# (what, pod, sent to the webhook?) for the default resource names.
+MATCH_CASES = [
+    ("plain pod", pod(), False),
+    ("cpu/memory only", pod(containers=[ctr(limits={"cpu": "1", "memory": "1Gi"}, requests={"cpu": "1"})]), False),
+    ("empty resources", pod(containers=[{"name": "c", "image": "x", "resources": {}}]), False),
+    ("unrelated annotations", pod(annotations={"team": "a", "gpu-fraction-num-devices": "2"}), False),
+    ("nvidia.com/gpu limit", pod(containers=[ctr(limits={"nvidia.com/gpu": "1"})]), True),
+    ("gpumem request only", pod(containers=[ctr(requests={"nvidia.com/gpumem": "3000"})]), True),
+    ("priority limit in the second container", pod(containers=[ctr(), ctr(limits={"nvidia.com/priority": "0"})]), True),
+    ("gpucores in an init container", pod(init_containers=[ctr(limits={"nvidia.com/gpucores": "50"})]), True),
+    ("gpumem-percentage", pod(containers=[ctr(limits={"nvidia.com/gpumem-percentage": "50"})]), True),
+    ("other vendor GPU", pod(containers=[ctr(limits={"amd.com/gpu": "1"})]), False),
+    ("KAI gpu-memory", pod(annotations={"gpu-memory": "4000"}), True),
+    ("KAI gpu-fraction", pod(annotations={"gpu-fraction": "0.5"}), True),
+    ("limit-delivery annotation on a CPU pod", pod(annotations={"hami.io/limit-delivery": "FILE"}), True),
+]
+
+CUSTOM_MATCH_CASES = [
+    ("custom count name", pod(containers=[ctr(limits={"example.com/vgpu": "1"})]), True),
+    ("default name no longer configured", pod(containers=[ctr(limits={"nvidia.com/gpu": "1"})]), False),
+    ("KAI annotations still sent", pod(annotations={"gpu-fraction": "0.25"}), True),
+]
+
+
+def check_match_conditions(rendered: dict[str, str], scenario: str) -> int:
+    """Evaluates the rendered CEL matchConditions (cel-python) against pods: which are sent."""
+    text = next((t for k, t in rendered.items() if k.endswith("mutatingwebhook.yaml")), "")
+    if not text.strip():
+        return 0
+    config = helm.values_from_yaml(text)
+    conditions = config["webhooks"][0].get("matchConditions")
+    if not conditions:
+        return 0
+    env = celpy.Environment()
+    programs = [(c["name"], env.program(env.compile(c["expression"]))) for c in conditions]
+    cases = CUSTOM_MATCH_CASES if scenario == "custom-names" else MATCH_CASES
+    for what, candidate, expected in cases:
+        # The webhook is called only when every condition is true.
+        sent = all(bool(p.evaluate({"object": celpy.json_to_cel(candidate)})) for _, p in programs)
+        if sent != expected:
+            raise Failure(f"matchConditions ({scenario}): {what}: sent={sent}, expected {expected}")
+    return len(cases)
+
+
+# Maps whose keys are data (labels, quantities), not chart values.
+LEAF_MAPS = {"nodeSelector", "requests", "limits", "issuerRef", "affinity", "commonLabels"}
+
+
+def value_keys(prefix: str, node: object) -> list[str]:
+    if isinstance(node, dict) and node and prefix.rsplit(".", 1)[-1] not in LEAF_MAPS:
+        keys: list[str] = []
+        for k, v in node.items():
+            keys += value_keys(f"{prefix}.{k}" if prefix else k, v)
+        return keys
+    return [prefix]
+
+
+def check_readme_lists_every_value(chart: "helm.Chart") -> None:
+    readme = (CHART.parent.parent / "README.md").read_text()
+    begin, end = "<!-- section:install:begin -->", "<!-- section:install:end -->"
+    if begin not in readme or end not in readme:
+        raise Failure("README.md has no install section")
+    section = readme[readme.index(begin) : readme.index(end)]
+    keys = value_keys("", chart.values)
+    missing = [k for k in keys if f"| `{k}` |" not in section]
+    if missing:
+        raise Failure(f"README install section's value table misses: {', '.join(missing)}")
+    print(f"readme: all {len(keys)} values listed with their defaults")
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -192,6 +287,7 @@ def main() -> int:
             check_defaults_match_values_yaml(chart)
             render_all(chart, out)
             check_schema_rejects(chart)
+            check_readme_lists_every_value(chart)
     except (Failure, helm.HelmError) as e:
         print(f"chart test FAILED: {e}", file=sys.stderr)
         return 1
