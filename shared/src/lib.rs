@@ -9,6 +9,7 @@
 //! - [`config`]: layered configuration and HAMi-compatible device/node config files.
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod hami_core;
 pub mod limits_file;
 pub mod names;
