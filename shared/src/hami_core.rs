@@ -207,17 +207,19 @@ fn number_warnings(text: &str, lv: &LimitValue, reads: &str, warnings: &mut Vec<
             "negative value wraps around (strtoul): HAMi-core reads {reads}"
         ));
     }
+    let spelled =
+        text[..n.end].trim_start_matches(|c: char| c.is_ascii_whitespace() || c == '+' || c == '-');
     if n.radix == 16 {
         warnings.push(format!(
-            "0x prefix makes the number hexadecimal ({}): HAMi-core reads {reads}",
-            n.value
+            "0x prefix: {} is hexadecimal (= {}): HAMi-core reads {reads}",
+            spelled, n.value
         ));
     } else if n.radix == 8
         && (n.digits > 1 || text.as_bytes().get(n.end).is_some_and(u8::is_ascii_digit))
     {
         warnings.push(format!(
-            "leading zero makes the number octal ({} digits parsed as {}): HAMi-core reads {reads}",
-            n.digits, n.value
+            "leading zero: {spelled} is octal (= {}): HAMi-core reads {reads}",
+            n.value
         ));
     }
     if n.overflow {
