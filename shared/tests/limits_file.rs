@@ -19,7 +19,10 @@ fn any_value() -> impl Strategy<Value = String> {
     "[^\n\r\u{0}]{0,40}"
 }
 
-fn entries() -> impl Strategy<Value = (BTreeMap<String, String>, Vec<(usize, u64)>, Option<u8>)> {
+/// Arbitrary other entries, memory limits per device, and an SM limit.
+type Entries = (BTreeMap<String, String>, Vec<(usize, u64)>, Option<u8>);
+
+fn entries() -> impl Strategy<Value = Entries> {
     (
         prop::collection::btree_map(other_key(), any_value(), 0..12),
         prop::collection::vec((0usize..=15, 1u64..=MemoryLimitMib::MAX), 0..4),
