@@ -1278,3 +1278,109 @@ fn components_can_be_installed_alone() {
         "hamiCore.install: false"
     );
 }
+
+/// Numbers compare by value (`1` rendered, `1.0` after a round trip through an `f64` field).
+fn same(rendered: &Value, loaded: &Value) -> bool {
+    match (rendered.as_f64(), loaded.as_f64()) {
+        (Some(a), Some(b)) => a == b,
+        _ => rendered == loaded,
+    }
+}
+
+/// Every key the chart renders is one the loader knows (it serializes back with the same value):
+/// a misspelt key would otherwise be ignored silently and its default used.
+fn assert_known_keys(origin: &str, rendered: &Value, loaded: &Value) {
+    for (key, value) in rendered.as_object().unwrap() {
+        let back = loaded
+            .get(key)
+            .unwrap_or_else(|| panic!("{origin}: key {key} is unknown to the loader"));
+        if value.is_object() {
+            assert_known_keys(&format!("{origin}.{key}"), value, back);
+        } else {
+            assert!(
+                same(value, back),
+                "{origin}.{key}: rendered {value}, loaded {back}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rendered_device_and_node_configs_load_with_the_plugins_loaders() {
+    use hami_shared::config::{DeviceConfig, NodeConfigFile};
+    use hami_shared::values::{DeliverySource, LimitDelivery};
+    let dir = tempfile::tempdir().unwrap();
+    for s in rendered().scenarios.values() {
+        if s.all::<ConfigMap>()
+            .iter()
+            .all(|c| c.name() != format!("{PREFIX}-device-config"))
+        {
+            continue;
+        }
+        let device_path = dir.path().join(format!("{}-device-config.yaml", s.name));
+        std::fs::write(
+            &device_path,
+            s.config_data(&format!("{PREFIX}-device-config"), "device-config.yaml"),
+        )
+        .unwrap();
+        let device = DeviceConfig::load_from_env(Some(&device_path), std::iter::empty())
+            .unwrap_or_else(|e| {
+                panic!("{}: device-config.yaml refused by the loader: {e}", s.name)
+            });
+        let loaded = serde_json::to_value(&device.nvidia).unwrap();
+        assert_known_keys(&format!("{}: nvidia", s.name), &s.device_config(), &loaded);
+
+        let node_path = dir.path().join(format!("{}-config.json", s.name));
+        std::fs::write(
+            &node_path,
+            s.config_data(&format!("{PREFIX}-node-config"), "config.json"),
+        )
+        .unwrap();
+        let nodes = NodeConfigFile::load(&node_path)
+            .unwrap_or_else(|e| panic!("{}: config.json refused by the loader: {e}", s.name));
+        let loaded = serde_json::to_value(&nodes).unwrap();
+        for (i, entry) in s.node_config()["nodeconfig"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+        {
+            assert_known_keys(
+                &format!("{}: nodeconfig[{i}]", s.name),
+                entry,
+                &loaded["nodeconfig"][i],
+            );
+        }
+
+        // The resolution the rollout section of the README relies on.
+        if s.name == "per-node" {
+            let canary = nodes.for_node("gpu-canary-1");
+            let r = device.nvidia.resolve_limit_delivery(None, canary.as_ref());
+            assert_eq!(
+                (r.delivery, r.source),
+                (LimitDelivery::File, DeliverySource::NodeConfig)
+            );
+            let r = device
+                .nvidia
+                .resolve_limit_delivery(None, nodes.for_node("gpu-other").as_ref());
+            assert_eq!(
+                (r.delivery, r.source),
+                (LimitDelivery::Env, DeliverySource::GlobalConfig)
+            );
+            let r = device
+                .nvidia
+                .resolve_limit_delivery(Some("env"), canary.as_ref());
+            assert_eq!(
+                (r.delivery, r.source),
+                (LimitDelivery::Env, DeliverySource::PodAnnotation)
+            );
+        }
+        if s.name == "default" {
+            let r = device.nvidia.resolve_limit_delivery(None, None);
+            assert_eq!(
+                (r.delivery, r.source),
+                (LimitDelivery::File, DeliverySource::GlobalConfig)
+            );
+        }
+    }
+}

@@ -55,6 +55,9 @@ nvidia:
   resourcePriorityName: {{ $d.resourcePriorityName | quote }}
   defaultMemory: {{ $d.defaultMemory | int64 }}
   defaultCores: {{ $d.defaultCores | int64 }}
+  defaultGPUNum: {{ $d.defaultGpuNum | int64 }}
+  memoryFactor: {{ $d.memoryFactor | int64 }}
+  overwriteEnv: {{ $d.overwriteEnv }}
   deviceSplitCount: {{ $d.deviceSplitCount | int64 }}
   deviceMemoryScaling: {{ $d.deviceMemoryScaling }}
   deviceCoreScaling: {{ $d.deviceCoreScaling }}
