@@ -157,8 +157,9 @@ pub fn decide(request: &AdmissionRequest<'_>, settings: &Settings) -> Decision {
 #[must_use]
 pub fn decide_pod(pod: &Pod<'_>, request_namespace: Option<&str>, settings: &Settings) -> Decision {
     let mut m = PodMutation::new(pod, request_namespace);
-    let result = delivery::validate(&m).and_then(|()| hami::mutate(&mut m, settings));
-    // KAI plugs in here: `.and_then(|()| kai::mutate(&mut m, settings, basis))`.
+    let result = delivery::validate(&m)
+        .and_then(|()| hami::mutate(&mut m, settings))
+        .and_then(|()| crate::kai::mutate(&mut m, settings));
     match result {
         Ok(()) => m.into_decision(),
         Err(Denial { message }) => Decision::Deny { message },

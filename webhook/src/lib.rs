@@ -9,13 +9,21 @@
 //! - [`settings`]: every setting with its default.
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod decide;
 pub mod delivery;
+pub mod dev;
 pub mod hami;
+pub mod kai;
+pub mod metrics;
 pub mod patch;
+pub mod placement;
 pub mod pod;
 pub mod review;
+pub mod server;
 pub mod settings;
+pub mod tls;
+pub mod vram;
 
 pub use decide::{Decision, Denial, PodMutation, decide, decide_pod};
 pub use review::{AdmissionRequest, AdmissionReview, BodyError, Outcome, Reviewed};

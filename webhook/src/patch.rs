@@ -14,11 +14,14 @@ use serde_json::{Value, json};
 
 use crate::pod::{ContainerRef, Pod};
 
-/// One JSONPatch operation. Only `add` and `replace` are ever produced.
+/// One JSONPatch operation. Only `add`, `replace` and (for webhook-owned annotations) `remove`
+/// are ever produced.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PatchOp {
     pub op: PatchOpKind,
     pub path: String,
+    /// `null` for `remove`, which carries no value.
+    #[serde(skip_serializing_if = "Value::is_null")]
     pub value: Value,
 }
 
@@ -28,6 +31,7 @@ pub struct PatchOp {
 pub enum PatchOpKind {
     Add,
     Replace,
+    Remove,
 }
 
 /// Escape one JSON-Pointer reference token (RFC 6901: `~` → `~0`, `/` → `~1`), e.g. an annotation
@@ -67,6 +71,7 @@ pub struct PodPatch<'p, 'a> {
     pod: &'p Pod<'a>,
     scalars: Vec<PatchOp>,
     annotations: Vec<(String, String)>,
+    removed_annotations: Vec<String>,
     volumes: Vec<Value>,
     containers: BTreeMap<ContainerRef, ContainerAdds>,
 }
@@ -79,6 +84,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             pod,
             scalars: Vec::new(),
             annotations: Vec::new(),
+            removed_annotations: Vec::new(),
             volumes: Vec::new(),
             containers: BTreeMap::new(),
         }
@@ -95,6 +101,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
     pub fn is_empty(&self) -> bool {
         self.scalars.is_empty()
             && self.annotations.is_empty()
+            && self.removed_annotations.is_empty()
             && self.volumes.is_empty()
             && self.containers.is_empty()
     }
@@ -115,6 +122,20 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             value.clone_into(&mut slot.1);
         } else {
             self.annotations.push((key.to_owned(), value.to_owned()));
+        }
+    }
+
+    /// Remove annotation `key` when the pod has it (a key a decision owns and the pod must not
+    /// carry).
+    pub fn remove_annotation(&mut self, key: &str) {
+        let present = self
+            .pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(key));
+        if present && !self.removed_annotations.iter().any(|k| k == key) {
+            self.removed_annotations.push(key.to_owned());
         }
     }
 
@@ -184,6 +205,13 @@ impl<'p, 'a> PodPatch<'p, 'a> {
     #[must_use]
     pub fn into_ops(self) -> Vec<PatchOp> {
         let mut ops = self.scalars;
+        for k in self.removed_annotations {
+            ops.push(PatchOp {
+                op: PatchOpKind::Remove,
+                path: format!("/metadata/annotations/{}", escape_token(&k)),
+                value: Value::Null,
+            });
+        }
         if !self.annotations.is_empty() {
             match &self.pod.metadata.annotations {
                 Some(_) => {

@@ -226,9 +226,16 @@ impl<'a> Container<'a> {
 
 /// One `volumes` entry (the name is all a patch needs to avoid duplicates).
 #[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Volume<'a> {
     #[serde(borrow)]
     pub name: Cow<'a, str>,
+    /// `hostPath`, unparsed: read only when the name is one a decision owns.
+    #[serde(borrow, default)]
+    pub host_path: Option<&'a RawValue>,
+    /// `downwardAPI`, unparsed: read only when the name is one a decision owns.
+    #[serde(borrow, default, rename = "downwardAPI")]
+    pub downward_api: Option<&'a RawValue>,
 }
 
 /// `spec` of the Pod.

@@ -31,6 +31,8 @@ pub struct Settings {
     pub deny_privileged_gpu_containers: bool,
     /// How the HTTPS server runs.
     pub server: ServerSettings,
+    /// KAI fractional-sharing pods (see [`crate::kai::KaiSettings`]).
+    pub kai: crate::kai::KaiSettings,
 }
 
 impl Default for Settings {
@@ -40,6 +42,7 @@ impl Default for Settings {
             scheduler_name: "hami-scheduler".to_owned(),
             deny_privileged_gpu_containers: true,
             server: ServerSettings::default(),
+            kai: crate::kai::KaiSettings::default(),
         }
     }
 }

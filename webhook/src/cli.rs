@@ -1,0 +1,117 @@
+//! The offline commands, `review` and `mutate`, as functions over bytes so that they are tested
+//! without a process; `main.rs` only moves their output to stdout/stderr.
+
+use serde_json::Value;
+
+use crate::decide::{Decision, decide_pod};
+use crate::pod::Pod;
+use crate::settings::Settings;
+
+/// What a command prints and how it exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: i32,
+}
+
+/// `hami-webhook review`: one AdmissionReview JSON in, the response AdmissionReview out. Exit 0
+/// whatever the decision; 2 when the input is not JSON.
+#[must_use]
+pub fn review_command(input: &[u8], settings: &Settings) -> CommandOutput {
+    match crate::review(input, settings) {
+        Ok(reviewed) => CommandOutput {
+            stdout: String::from_utf8_lossy(&reviewed.body).into_owned() + "\n",
+            stderr: String::new(),
+            code: 0,
+        },
+        Err(e) => CommandOutput {
+            stdout: String::new(),
+            stderr: format!("hami-webhook review: {e}\n"),
+            code: 2,
+        },
+    }
+}
+
+/// What `mutate` prints on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MutateOutput {
+    /// The mutated pod as YAML.
+    Pod,
+    /// The JSONPatch as JSON.
+    Patch,
+}
+
+/// `hami-webhook mutate`: a Pod (YAML or JSON) in; the mutated pod (or the patch) on stdout, the
+/// warnings or the denial on stderr; exit 1 when denied, 2 when the input is not a pod.
+#[must_use]
+pub fn mutate_command(input: &[u8], output: MutateOutput, settings: &Settings) -> CommandOutput {
+    let fail = |message: String| CommandOutput {
+        stdout: String::new(),
+        stderr: format!("hami-webhook mutate: {message}\n"),
+        code: 2,
+    };
+    // YAML is a superset of JSON, so one parser reads both.
+    let object: Value = match serde_yaml_ng::from_slice(input) {
+        Ok(v) => v,
+        Err(e) => return fail(format!("input is not YAML or JSON: {e}")),
+    };
+    if object.get("kind").and_then(Value::as_str) != Some("Pod") {
+        return fail("input is not a Pod (kind: Pod)".to_owned());
+    }
+    let bytes = match serde_json::to_vec(&object) {
+        Ok(b) => b,
+        Err(e) => return fail(e.to_string()),
+    };
+    let pod: Pod<'_> = match serde_json::from_slice(&bytes) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("not a valid Pod: {e}")),
+    };
+    let namespace = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default");
+    match decide_pod(&pod, Some(namespace), settings) {
+        Decision::Deny { message } | Decision::Invalid { message } => CommandOutput {
+            stdout: String::new(),
+            stderr: format!("denied: {message}\n"),
+            code: 1,
+        },
+        Decision::Allow { patch, warnings } => {
+            let mut stderr: String = warnings.iter().map(|w| format!("warning: {w}\n")).collect();
+            let stdout = match output {
+                MutateOutput::Patch => match serde_json::to_string_pretty(&patch) {
+                    Ok(s) => s + "\n",
+                    Err(e) => return fail(e.to_string()),
+                },
+                MutateOutput::Pod => {
+                    let mut mutated = object;
+                    let ops = serde_json::to_value(&patch)
+                        .and_then(serde_json::from_value::<json_patch::Patch>);
+                    match ops {
+                        Ok(ops) => {
+                            if let Err(e) = json_patch::patch(&mut mutated, &ops) {
+                                return fail(format!("the patch does not apply: {e}"));
+                            }
+                        }
+                        Err(e) => return fail(e.to_string()),
+                    }
+                    match serde_yaml_ng::to_string(&mutated) {
+                        Ok(s) => s,
+                        Err(e) => return fail(e.to_string()),
+                    }
+                }
+            };
+            if patch.is_empty() {
+                stderr.push_str("unchanged: the webhook would admit this pod as is\n");
+            }
+            CommandOutput {
+                stdout,
+                stderr,
+                code: 0,
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! The limits file for KAI pods, delivered through a downward-API volume: no host writes.
+//!
+//! KAI binds its fractional pods with NVIDIA's device plugin, so ours never sees them and cannot
+//! publish a limits file on the host. Kubernetes can: the file's text is stored in a pod
+//! annotation the webhook owns, and a `downwardAPI` volume projects that annotation as a file,
+//! written by kubelet (atomically, root-owned, mode 0444) and mounted read-only at `/overrideEnv`
+//! with `subPath`.
+//!
+//! Key scheme: `limits.hami.io/<container name>`. An annotation key is an optional DNS-subdomain
+//! prefix, `/`, and a name of at most 63 characters (`[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`).
+//! A container name is a DNS-1123 label (at most 63 characters, `[a-z0-9]([-a-z0-9]*[a-z0-9])?`),
+//! so it is always a valid name part on its own, and the prefix says which container it is for:
+//! `hami.io/limits-<container>` would exceed 63 characters for a 57-character container name.
+//! The webhook owns every key under `limits.hami.io/`: on CREATE each is set to what it computed,
+//! and any other key under that prefix is removed, so a user cannot supply their own file.
+
+use std::borrow::Cow;
+
+use hami_shared::limits_file::LimitsFile;
+use hami_shared::names::{
+    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_TASK_PRIORITY,
+    ENV_GPU_CORE_UTILIZATION_POLICY, OVERRIDE_ENV_PATH,
+};
+use hami_shared::values::{LimitDelivery, MemoryLimitMib};
+use serde_json::{Value, json};
+
+use crate::decide::{Denial, PodMutation};
+use crate::patch::{PatchOp, PatchOpKind};
+use crate::pod::ContainerRef;
+
+/// Prefix of the webhook-owned annotation keys (`limits.hami.io/<container>`).
+pub const ANNOTATION_PREFIX: &str = "limits.hami.io/";
+/// The downward-API volume projecting them.
+pub const LIMITS_VOLUME: &str = "hami-limits";
+/// `defaultMode` of the projected files: 0444.
+pub const FILE_MODE: u32 = 0o444;
+
+/// Variables copied into the file from the container's literal `env`, when set there.
+pub const COPIED_VARS: [&str; 3] = [
+    ENV_CUDA_TASK_PRIORITY,
+    ENV_GPU_CORE_UTILIZATION_POLICY,
+    ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
+];
+
+/// `limits.hami.io/<container>`.
+#[must_use]
+pub fn annotation_key(container: &str) -> String {
+    format!("{ANNOTATION_PREFIX}{container}")
+}
+
+/// The `fieldPath` projecting a container's annotation.
+#[must_use]
+pub fn field_path(container: &str) -> String {
+    format!("metadata.annotations['{ANNOTATION_PREFIX}{container}']")
+}
+
+/// Whether `s` is a DNS-1123 label (what Kubernetes requires of a container name).
+#[must_use]
+pub fn is_dns1123_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
+/// The limits file for one container: the memory limit, the format line, and the copied
+/// variables that the shared crate accepts and HAMi-core reads as meant. Returns the file and a
+/// warning per variable left out.
+#[must_use]
+pub fn limits_file(
+    container: &crate::pod::Container<'_>,
+    limit: MemoryLimitMib,
+) -> (LimitsFile, Vec<String>) {
+    let mut file = LimitsFile::new();
+    let mut warnings = Vec::new();
+    if let Err(e) = file.insert(ENV_CUDA_DEVICE_MEMORY_LIMIT, limit.to_string()) {
+        // MemoryLimitMib always renders the safe form; keep the error visible all the same.
+        warnings.push(e.to_string());
+    }
+    for name in COPIED_VARS {
+        let Some(var) = container.env_var(name) else {
+            continue;
+        };
+        let Some(value) = var.value.as_deref().filter(|_| !var.is_value_from()) else {
+            continue;
+        };
+        let problems = hami_shared::hami_core::check_entry(name, value);
+        let refused = if problems.is_empty() {
+            file.insert(name, value).err().map(|e| e.to_string())
+        } else {
+            Some(problems.join("; "))
+        };
+        if let Some(why) = refused {
+            warnings.push(format!(
+                "container {:?}: {name}={value:?} left out of its limits file: {why}",
+                container.name
+            ));
+        }
+    }
+    (file, warnings)
+}
+
+/// In `file` mode, give each container in `limited` its limits file: the annotation, one item of
+/// the downward-API volume, and a read-only `subPath` mount at `/overrideEnv`. In `env` mode
+/// nothing is added. In both modes, webhook-owned annotations the pod should not carry are
+/// removed, and a container whose limit the webhook sets may not mount anything else at
+/// `/overrideEnv` (HAMi-core would read that file instead of the cap).
+///
+/// # Errors
+/// [`Denial`] for a foreign `/overrideEnv` mount, a pod-defined volume named `hami-limits` that
+/// is not the webhook's, or a container name that is not a DNS-1123 label.
+pub fn deliver(
+    m: &mut PodMutation<'_, '_>,
+    limited: &[ContainerRef],
+    limit_mib: u64,
+    delivery: LimitDelivery,
+) -> Result<(), Denial> {
+    let pod = m.pod();
+    let limit = MemoryLimitMib::new(limit_mib)
+        .map_err(|e| m.deny(format_args!("memory limit {limit_mib} MiB: {e}")))?;
+    for &at in limited {
+        let Some(c) = pod.container(at) else { continue };
+        if let Some(mnt) = c.volume_mounts.as_deref().and_then(|ms| {
+            ms.iter().find(|mnt| {
+                mnt.mount_path == OVERRIDE_ENV_PATH
+                    && !(mnt.name == LIMITS_VOLUME && mnt.sub_path.as_deref() == Some(&*c.name))
+            })
+        }) {
+            return Err(m.deny(format_args!(
+                "container {:?} mounts volume {:?} at {OVERRIDE_ENV_PATH}, where HAMi-core reads the limits file; the path is reserved for hami-limits",
+                c.name, mnt.name
+            )));
+        }
+    }
+    let mut wanted: Vec<(ContainerRef, String, String)> = Vec::new();
+    if delivery == LimitDelivery::File {
+        for &at in limited {
+            let Some(c) = pod.container(at) else { continue };
+            if !is_dns1123_label(&c.name) {
+                return Err(m.deny(format_args!(
+                    "container name {:?} is not a DNS-1123 label",
+                    c.name
+                )));
+            }
+            let (file, warnings) = limits_file(c, limit);
+            for w in warnings {
+                m.warn(w);
+            }
+            wanted.push((at, c.name.to_string(), file.render()));
+        }
+    }
+    // Webhook-owned keys: set what is wanted, remove the rest.
+    let stale: Vec<String> = pod
+        .metadata
+        .annotations
+        .iter()
+        .flat_map(|a| a.iter())
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with(ANNOTATION_PREFIX))
+        .filter(|k| {
+            !wanted
+                .iter()
+                .any(|(_, name, _)| k[ANNOTATION_PREFIX.len()..] == **name)
+        })
+        .map(str::to_owned)
+        .collect();
+    for key in stale {
+        m.patch.remove_annotation(&key);
+    }
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    for (_, name, text) in &wanted {
+        let key = annotation_key(name);
+        if pod.annotation(&key) != Some(text.as_str()) {
+            m.patch.set_annotation(&key, text);
+        }
+    }
+    let items: Vec<Value> = wanted
+        .iter()
+        .map(|(_, name, _)| {
+            json!({"path": name, "fieldRef": {"apiVersion": "v1", "fieldPath": field_path(name)}})
+        })
+        .collect();
+    match pod
+        .spec
+        .volumes
+        .as_deref()
+        .and_then(|v| v.iter().find(|v| v.name == LIMITS_VOLUME))
+    {
+        Some(existing) => {
+            // An earlier review added it: it must project exactly the wanted annotations.
+            let projected = existing
+                .downward_api
+                .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+                .and_then(|v| v.get("items").cloned())
+                .map(|items| item_pairs(&items));
+            let expected = item_pairs(&Value::Array(items));
+            if projected.as_ref() != Some(&expected) {
+                return Err(m.deny(format_args!(
+                    "volume {LIMITS_VOLUME:?} is reserved for the hami-limits limits files and does not project them"
+                )));
+            }
+        }
+        None => m.patch.add_volume(json!({
+            "name": LIMITS_VOLUME,
+            "downwardAPI": {"defaultMode": FILE_MODE, "items": items}
+        })),
+    }
+    for (at, name, _) in &wanted {
+        if m.patch.container_has_mount_path(*at, OVERRIDE_ENV_PATH) {
+            continue;
+        }
+        m.patch.add_volume_mount(
+            *at,
+            json!({"name": LIMITS_VOLUME, "mountPath": OVERRIDE_ENV_PATH, "subPath": name, "readOnly": true}),
+        );
+    }
+    Ok(())
+}
+
+/// (path, fieldPath) of each downward-API item, sorted.
+fn item_pairs(items: &Value) -> Vec<(String, String)> {
+    let mut pairs: Vec<(String, String)> = items
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| {
+                    let s = |v: Option<&Value>| v.and_then(Value::as_str).unwrap_or("").to_owned();
+                    (s(i.get("path")), s(i.pointer("/fieldRef/fieldPath")))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    pairs.sort();
+    pairs
+}
+
+/// The limits files a patch would project: (container name, file text), in patch order. For
+/// `hami-webhook mutate`.
+#[must_use]
+pub fn projected_files(ops: &[PatchOp]) -> Vec<(String, String)> {
+    let escaped_prefix = ANNOTATION_PREFIX.replace('/', "~1");
+    let mut out = Vec::new();
+    for op in ops {
+        if op.op != PatchOpKind::Add {
+            continue;
+        }
+        if op.path == "/metadata/annotations" {
+            if let Some(map) = op.value.as_object() {
+                for (k, v) in map {
+                    if let (Some(name), Some(text)) =
+                        (k.strip_prefix(ANNOTATION_PREFIX), v.as_str())
+                    {
+                        out.push((name.to_owned(), text.to_owned()));
+                    }
+                }
+            }
+        } else if let Some(token) = op.path.strip_prefix("/metadata/annotations/")
+            && let Some(name) = token.strip_prefix(escaped_prefix.as_str())
+            && let Some(text) = op.value.as_str()
+        {
+            let name: Cow<'_, str> = Cow::Owned(name.replace("~1", "/").replace("~0", "~"));
+            out.push((name.into_owned(), text.to_owned()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The longest valid annotation key name part is 63 characters; a prefix is separate.
+    fn is_valid_annotation_key(key: &str) -> bool {
+        let (prefix, name) = match key.rsplit_once('/') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, key),
+        };
+        let name_ok = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            && name.as_bytes()[0].is_ascii_alphanumeric()
+            && name.as_bytes()[name.len() - 1].is_ascii_alphanumeric();
+        let prefix_ok = prefix.is_none_or(|p| {
+            p.len() <= 253
+                && p.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                        && !l.starts_with('-')
+                        && !l.ends_with('-')
+                })
+        });
+        name_ok && prefix_ok
+    }
+
+    #[test]
+    fn key_scheme_fits_every_container_name() {
+        let longest = "a".repeat(63);
+        let with_dashes = format!("a{}z", "-".repeat(61));
+        for name in [
+            "c",
+            "0",
+            "main",
+            "worker-0",
+            longest.as_str(),
+            with_dashes.as_str(),
+        ] {
+            assert!(is_dns1123_label(name), "{name}");
+            let key = annotation_key(name);
+            assert!(is_valid_annotation_key(&key), "{key}");
+        }
+        // The scheme a naive reader might pick would not fit.
+        assert!(!is_valid_annotation_key(&format!(
+            "hami.io/limits-{longest}"
+        )));
+        assert!(!is_dns1123_label("Main"));
+        assert!(!is_dns1123_label(&"a".repeat(64)));
+        assert!(!is_dns1123_label("-a"));
+    }
+
+    #[test]
+    fn projected_files_reads_both_patch_shapes() {
+        let ops = vec![
+            PatchOp {
+                op: PatchOpKind::Add,
+                path: "/metadata/annotations".into(),
+                value: json!({"limits.hami.io/a": "X=1\n", "other": "y"}),
+            },
+            PatchOp {
+                op: PatchOpKind::Add,
+                path: "/metadata/annotations/limits.hami.io~1b".into(),
+                value: json!("Y=2\n"),
+            },
+        ];
+        assert_eq!(
+            projected_files(&ops),
+            vec![("a".into(), "X=1\n".into()), ("b".into(), "Y=2\n".into())]
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! HAMi-core preload injection (as KAI-resource-isolator does it) and the memory-limit variable.
+
+use hami_shared::names::ENV_CUDA_DEVICE_MEMORY_LIMIT;
+use hami_shared::values::MemoryLimitMib;
+use serde_json::json;
+
+use crate::decide::{Denial, PodMutation};
+use crate::pod::{Container, ContainerRef};
+
+/// The hostPath volume holding HAMi-core; the same name KAI-resource-isolator uses, so that the
+/// two never add it twice.
+pub const PRELOAD_VOLUME: &str = "kai-resource-isolator-vgpu";
+/// Where the dynamic loader reads the preload list.
+pub const LD_SO_PRELOAD: &str = "/etc/ld.so.preload";
+/// The file in the hook folder that becomes `/etc/ld.so.preload`.
+pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
+
+/// Add the HAMi-core volume and mount it into each target container at `hook_path` and at
+/// `/etc/ld.so.preload` (subPath `ld.so.preload`). Both mounts are read-only: a writable hostPath
+/// of the library folder would let one pod replace `libvgpu.so` for every pod on the node.
+/// Nothing is added twice; an existing volume of that name must be the same hostPath.
+///
+/// # Errors
+/// [`Denial`] when the pod already defines the volume differently, or a target container mounts
+/// another volume at one of the two paths (HAMi-core would not be loaded).
+pub fn preload(
+    m: &mut PodMutation<'_, '_>,
+    targets: &[ContainerRef],
+    hook_path: &str,
+) -> Result<(), Denial> {
+    let pod = m.pod();
+    if targets.is_empty() {
+        return Ok(());
+    }
+    match pod
+        .spec
+        .volumes
+        .as_deref()
+        .and_then(|v| v.iter().find(|v| v.name == PRELOAD_VOLUME))
+    {
+        Some(existing) => {
+            let path = existing
+                .host_path
+                .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+                .and_then(|v| v.get("path").and_then(|p| p.as_str()).map(str::to_owned));
+            if path.as_deref() != Some(hook_path) {
+                return Err(m.deny(format_args!(
+                    "volume {PRELOAD_VOLUME:?} is reserved for the HAMi-core preload and must be hostPath {hook_path:?}"
+                )));
+            }
+        }
+        None => {
+            if !m.patch.has_volume(PRELOAD_VOLUME) {
+                m.patch.add_volume(json!({
+                    "name": PRELOAD_VOLUME,
+                    "hostPath": {"path": hook_path, "type": "DirectoryOrCreate"}
+                }));
+            }
+        }
+    }
+    for &at in targets {
+        let Some(container) = pod.container(at) else {
+            continue;
+        };
+        for (path, sub_path) in [
+            (hook_path, None),
+            (LD_SO_PRELOAD, Some(LD_SO_PRELOAD_SUBPATH)),
+        ] {
+            if let Some(other) = foreign_mount(container, path, PRELOAD_VOLUME) {
+                return Err(m.deny(format_args!(
+                    "container {:?} mounts volume {other:?} at {path}, where HAMi-core must be preloaded from {hook_path}",
+                    container.name
+                )));
+            }
+            if m.patch.container_has_mount_path(at, path) {
+                continue;
+            }
+            let mut mount = json!({"name": PRELOAD_VOLUME, "mountPath": path, "readOnly": true});
+            if let Some(s) = sub_path {
+                mount["subPath"] = json!(s);
+            }
+            m.patch.add_volume_mount(at, mount);
+        }
+    }
+    Ok(())
+}
+
+/// The name of a volume other than `ours` that `container` mounts at `path`.
+pub(crate) fn foreign_mount<'c>(
+    container: &'c Container<'_>,
+    path: &str,
+    ours: &str,
+) -> Option<&'c str> {
+    container
+        .volume_mounts
+        .as_deref()?
+        .iter()
+        .find(|mnt| mnt.mount_path == path && mnt.name != ours)
+        .map(|mnt| mnt.name.as_ref())
+}
+
+/// Whether `name` is `CUDA_DEVICE_MEMORY_LIMIT` or `CUDA_DEVICE_MEMORY_LIMIT_<digits>`.
+#[must_use]
+pub fn is_memory_limit_var(name: &str) -> bool {
+    match name.strip_prefix(ENV_CUDA_DEVICE_MEMORY_LIMIT) {
+        Some("") => true,
+        Some(rest) => rest
+            .strip_prefix('_')
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit())),
+        None => false,
+    }
+}
+
+/// How a container stands with respect to the memory limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitState {
+    /// It sets no memory-limit variable: the webhook adds one.
+    Unset,
+    /// It sets exactly the variable the webhook would add (an already-mutated pod).
+    Ours,
+    /// It sets its own (`valueFrom`, another value, or a per-device `_<i>`): left alone.
+    Own(String),
+}
+
+/// Classify `container` for a limit of `value` (`<N>m`).
+#[must_use]
+pub fn limit_state(container: &Container<'_>, value: &str) -> LimitState {
+    let mut vars = container
+        .env
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| is_memory_limit_var(&e.name))
+        .peekable();
+    let Some(first) = vars.next() else {
+        return LimitState::Unset;
+    };
+    let only = vars.peek().is_none();
+    if only
+        && first.name == ENV_CUDA_DEVICE_MEMORY_LIMIT
+        && !first.is_value_from()
+        && first.value.as_deref() == Some(value)
+    {
+        return LimitState::Ours;
+    }
+    let how = if first.is_value_from() {
+        "from valueFrom".to_owned()
+    } else {
+        format!("to {:?}", first.value.as_deref().unwrap_or(""))
+    };
+    LimitState::Own(format!("{} {how}", first.name))
+}
+
+/// Add `CUDA_DEVICE_MEMORY_LIMIT=<mib>m` to every container and init container that does not set
+/// a memory-limit variable of its own. Returns the containers whose limit is the webhook's (added
+/// now, or already present from an earlier review).
+///
+/// # Errors
+/// [`Denial`] when `mib` is not a limit HAMi-core can hold (0 or too large).
+pub fn memory_limit(m: &mut PodMutation<'_, '_>, mib: u64) -> Result<Vec<ContainerRef>, Denial> {
+    let limit = MemoryLimitMib::new(mib)
+        .map_err(|e| m.deny(format_args!("memory limit {mib} MiB: {e}")))?;
+    // Re-formatted from the number: never the annotation's text (`04000m` would be octal).
+    let value = limit.to_string();
+    let pod = m.pod();
+    let mut limited = Vec::new();
+    for (at, container) in pod.all_containers() {
+        match limit_state(container, &value) {
+            LimitState::Unset => {
+                if !m.patch.container_has_env(at, ENV_CUDA_DEVICE_MEMORY_LIMIT) {
+                    m.patch
+                        .add_env(at, ENV_CUDA_DEVICE_MEMORY_LIMIT, value.clone());
+                }
+                limited.push(at);
+            }
+            LimitState::Ours => limited.push(at),
+            LimitState::Own(how) => m.warn(format!(
+                "container {:?} sets {how}; left as is (the KAI request would set {ENV_CUDA_DEVICE_MEMORY_LIMIT}={value})",
+                container.name
+            )),
+        }
+    }
+    Ok(limited)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::Pod;
+
+    #[test]
+    fn memory_limit_var_names() {
+        for yes in [
+            "CUDA_DEVICE_MEMORY_LIMIT",
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+            "CUDA_DEVICE_MEMORY_LIMIT_15",
+            "CUDA_DEVICE_MEMORY_LIMIT_99",
+        ] {
+            assert!(is_memory_limit_var(yes), "{yes}");
+        }
+        for no in [
+            "CUDA_DEVICE_MEMORY_LIMITX",
+            "CUDA_DEVICE_MEMORY_LIMIT_",
+            "CUDA_DEVICE_MEMORY_LIMIT_a",
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+            "cuda_device_memory_limit",
+            "CUDA_DEVICE_SM_LIMIT",
+        ] {
+            assert!(!is_memory_limit_var(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn env_skipping_table() {
+        // (env json, expected state)
+        let cases: &[(&str, LimitState)] = &[
+            ("null", LimitState::Unset),
+            ("[]", LimitState::Unset),
+            (r#"[{"name":"OTHER","value":"1"}]"#, LimitState::Unset),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","value":"4096m"}]"#,
+                LimitState::Ours,
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","value":"2000m"}]"#,
+                LimitState::Own(r#"CUDA_DEVICE_MEMORY_LIMIT to "2000m""#.into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","value":""}]"#,
+                LimitState::Own(r#"CUDA_DEVICE_MEMORY_LIMIT to """#.into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT"}]"#,
+                LimitState::Own(r#"CUDA_DEVICE_MEMORY_LIMIT to """#.into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","valueFrom":{"configMapKeyRef":{"name":"x","key":"y"}}}]"#,
+                LimitState::Own("CUDA_DEVICE_MEMORY_LIMIT from valueFrom".into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT_0","value":"4096m"}]"#,
+                LimitState::Own(r#"CUDA_DEVICE_MEMORY_LIMIT_0 to "4096m""#.into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT_3","valueFrom":{"fieldRef":{"fieldPath":"x"}}}]"#,
+                LimitState::Own("CUDA_DEVICE_MEMORY_LIMIT_3 from valueFrom".into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","value":"4096m"},{"name":"CUDA_DEVICE_MEMORY_LIMIT_1","value":"1m"}]"#,
+                LimitState::Own(r#"CUDA_DEVICE_MEMORY_LIMIT to "4096m""#.into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_SM_LIMIT","value":"50"}]"#,
+                LimitState::Unset,
+            ),
+        ];
+        for (env, expected) in cases {
+            let json = format!(r#"{{"spec":{{"containers":[{{"name":"c","env":{env}}}]}}}}"#);
+            let pod: Pod<'_> = serde_json::from_str(&json).unwrap();
+            assert_eq!(
+                &limit_state(&pod.spec.containers[0], "4096m"),
+                expected,
+                "{env}"
+            );
+        }
+    }
+}

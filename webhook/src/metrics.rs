@@ -1,0 +1,267 @@
+//! Prometheus metrics and readiness.
+//!
+//! Labels are low-cardinality by construction: outcomes, HTTP codes and reload results are fixed
+//! sets. Per-request counters are created once and kept, so a request costs a few atomic adds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::review::Outcome;
+
+type Label = [(&'static str, &'static str); 1];
+
+/// Every metric of the webhook.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    allowed: Counter,
+    patched: Counter,
+    denied: Counter,
+    invalid: Counter,
+    http_errors: Family<Label, Counter>,
+    latency: Histogram,
+    in_flight: Gauge,
+    tls_handshake_failures: Counter,
+    cert_reload_success: Counter,
+    cert_reload_failure: Counter,
+    cert_expiry: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Register every metric in a fresh registry (prefix `hami_webhook`).
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("hami_webhook");
+        let requests = Family::<Label, Counter>::default();
+        registry.register(
+            "admission_requests",
+            "Admission reviews answered, by outcome (allowed, patched, denied, invalid)",
+            requests.clone(),
+        );
+        // Each guard returned by `get_or_create` must be dropped before the next call (a missing
+        // entry takes the family's write lock), hence one statement per counter.
+        let outcome = |o: Outcome| requests.get_or_create(&[("outcome", o.as_str())]).clone();
+        let http_errors = Family::<Label, Counter>::default();
+        registry.register(
+            "http_errors",
+            "Requests refused before review, by HTTP status (400, 408, 413, 415)",
+            http_errors.clone(),
+        );
+        let latency = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        registry.register(
+            "admission_duration_seconds",
+            "Time from request start to response, for answered reviews",
+            latency.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "admission_in_flight",
+            "Reviews being processed now",
+            in_flight.clone(),
+        );
+        let tls_handshake_failures = Counter::default();
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed or timed out",
+            tls_handshake_failures.clone(),
+        );
+        let reloads = Family::<Label, Counter>::default();
+        registry.register(
+            "certificate_reloads",
+            "Certificate loads from files, by result (success, failure)",
+            reloads.clone(),
+        );
+        let cert_expiry = Gauge::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate in use, Unix seconds",
+            cert_expiry.clone(),
+        );
+        let allowed = outcome(Outcome::Allowed);
+        let patched = outcome(Outcome::Patched);
+        let denied = outcome(Outcome::Denied);
+        let invalid = outcome(Outcome::Invalid);
+        let cert_reload_success = reloads.get_or_create(&[("result", "success")]).clone();
+        let cert_reload_failure = reloads.get_or_create(&[("result", "failure")]).clone();
+        Self {
+            allowed,
+            patched,
+            denied,
+            invalid,
+            http_errors,
+            latency,
+            in_flight,
+            tls_handshake_failures,
+            cert_reload_success,
+            cert_reload_failure,
+            cert_expiry,
+            registry,
+        }
+    }
+
+    /// Count one answered review and its latency.
+    pub fn observe_review(&self, outcome: Outcome, elapsed: Duration) {
+        match outcome {
+            Outcome::Allowed => &self.allowed,
+            Outcome::Patched => &self.patched,
+            Outcome::Denied => &self.denied,
+            Outcome::Invalid => &self.invalid,
+        }
+        .inc();
+        self.latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Count reviews answered with `outcome` so far.
+    #[must_use]
+    pub fn reviews(&self, outcome: Outcome) -> u64 {
+        match outcome {
+            Outcome::Allowed => &self.allowed,
+            Outcome::Patched => &self.patched,
+            Outcome::Denied => &self.denied,
+            Outcome::Invalid => &self.invalid,
+        }
+        .get()
+    }
+
+    /// Count a request refused with HTTP `code` before any review.
+    pub fn observe_http_error(&self, code: u16) {
+        let label = match code {
+            400 => "400",
+            408 => "408",
+            413 => "413",
+            415 => "415",
+            _ => "other",
+        };
+        self.http_errors.get_or_create(&[("code", label)]).inc();
+    }
+
+    /// The in-flight gauge.
+    #[must_use]
+    pub fn in_flight(&self) -> &Gauge {
+        &self.in_flight
+    }
+
+    /// Count a failed or timed-out TLS handshake.
+    pub fn observe_handshake_failure(&self) {
+        self.tls_handshake_failures.inc();
+    }
+
+    /// Count a certificate load; on success record the new expiry.
+    pub fn observe_cert_reload(&self, ok: bool, not_after_unix: Option<i64>) {
+        if ok {
+            self.cert_reload_success.inc();
+            if let Some(t) = not_after_unix {
+                self.cert_expiry.set(t);
+            }
+        } else {
+            self.cert_reload_failure.inc();
+        }
+    }
+
+    /// (successes, failures) of certificate loads so far.
+    #[must_use]
+    pub fn cert_reloads(&self) -> (u64, u64) {
+        (
+            self.cert_reload_success.get(),
+            self.cert_reload_failure.get(),
+        )
+    }
+
+    /// The Prometheus text exposition.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Named readiness conditions; `/readyz` is 200 when all hold. The certificate is one; further
+/// components (a node watch) add their own.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    conditions: Arc<Vec<(&'static str, AtomicBool)>>,
+}
+
+impl Readiness {
+    /// Conditions, all initially false.
+    #[must_use]
+    pub fn new(names: &[&'static str]) -> Self {
+        Self {
+            conditions: Arc::new(names.iter().map(|n| (*n, AtomicBool::new(false))).collect()),
+        }
+    }
+
+    /// Mark `name` as holding or not. Unknown names are ignored.
+    pub fn set(&self, name: &str, ready: bool) {
+        if let Some((_, flag)) = self.conditions.iter().find(|(n, _)| *n == name) {
+            flag.store(ready, Ordering::Release);
+        }
+    }
+
+    /// The names of conditions that do not hold yet; empty when ready.
+    #[must_use]
+    pub fn pending(&self) -> Vec<&'static str> {
+        self.conditions
+            .iter()
+            .filter(|(_, f)| !f.load(Ordering::Acquire))
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    /// Whether every condition holds.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        self.conditions
+            .iter()
+            .all(|(_, f)| f.load(Ordering::Acquire))
+    }
+}
+
+/// The readiness condition the certificate store sets.
+pub const READY_CERTIFICATE: &str = "certificate";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_outcomes_and_reloads() {
+        let m = Metrics::new();
+        m.observe_review(Outcome::Denied, Duration::from_micros(120));
+        m.observe_cert_reload(true, Some(1_900_000_000));
+        m.observe_http_error(413);
+        let text = m.encode();
+        assert!(text.contains("hami_webhook_admission_requests_total{outcome=\"denied\"} 1"));
+        assert!(text.contains("hami_webhook_admission_requests_total{outcome=\"allowed\"} 0"));
+        assert!(text.contains("hami_webhook_certificate_reloads_total{result=\"success\"} 1"));
+        assert!(text.contains("hami_webhook_certificate_expiry_timestamp_seconds 1900000000"));
+        assert!(text.contains("hami_webhook_http_errors_total{code=\"413\"} 1"));
+        assert!(text.contains("hami_webhook_admission_duration_seconds_count 1"));
+    }
+
+    #[test]
+    fn readiness_needs_every_condition() {
+        let r = Readiness::new(&[READY_CERTIFICATE, "nodes"]);
+        assert_eq!(r.pending(), vec!["certificate", "nodes"]);
+        r.set(READY_CERTIFICATE, true);
+        assert!(!r.is_ready());
+        r.set("nodes", true);
+        assert!(r.is_ready());
+    }
+}
