@@ -64,8 +64,9 @@ pub enum ConfigError {
 
 /// Load `T` from `file` (YAML, or JSON when the name ends in `.json` or the text starts with
 /// `{`) and the process environment (`<env_prefix>_KEY__SUBKEY`). Defaults come from `T`'s
-/// `#[serde(default)]`. Environment keys arrive lowercased, so this fits snake_case settings;
-/// for camelCase files use [`load_layered_with_schema`].
+/// `#[serde(default)]`. Environment keys arrive lowercased and are matched (ignoring case, `_`
+/// and `-`) against the keys the file holds; to reach camelCase keys the file does not hold, use
+/// [`load_layered_with_schema`], whose defaults list every key.
 pub fn load_layered<T: DeserializeOwned>(
     file: Option<&Path>,
     env_prefix: &str,
@@ -311,9 +312,15 @@ impl Layers {
             insert_path(&mut env_layer, &path, Json::String(value));
             insert_path(&mut env_names, &path, Json::String(name));
         }
+        // Environment keys arrive lowercased; spell them as the defaults or, failing that, the
+        // file does, so `HAMI_X__SCHEDULER_NAME` reaches a `schedulerName` the file holds.
+        let mut env_schema = schema.clone();
+        if let Some((_, f)) = &file {
+            merge(&mut env_schema, f.clone());
+        }
         Ok(Self {
-            env: normalize(env_layer, Some(&schema)),
-            env_names: normalize(env_names, Some(&schema)),
+            env: normalize(env_layer, Some(&env_schema)),
+            env_names: normalize(env_names, Some(&env_schema)),
             defaults: schema,
             file,
         })

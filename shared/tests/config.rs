@@ -535,6 +535,26 @@ fn generic_loader_layers_and_names_errors() {
         "{msg}"
     );
 
+    // camelCase keys: the file's spelling guides the environment's.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(default, rename_all = "camelCase")]
+    struct Camel {
+        scheduler_name: String,
+        body_limit_bytes: u64,
+    }
+    let camel = write(
+        dir.path(),
+        "camel.yaml",
+        "schedulerName: a\nbodyLimitBytes: 1\n",
+    );
+    let c: Camel = load_layered_from_env(
+        Some(&camel),
+        "HAMI_WEBHOOK",
+        env(&[("HAMI_WEBHOOK_SCHEDULER_NAME", "b")]),
+    )
+    .unwrap();
+    assert_eq!((c.scheduler_name.as_str(), c.body_limit_bytes), ("b", 1));
+
     let s: WebhookLike = load_layered_with_schema(
         None,
         "HAMI_WEBHOOK",
