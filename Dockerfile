@@ -14,7 +14,8 @@
 #
 # Not built in this repository's CI: no container engine runs there (see README, "Install").
 
-ARG RUST_VERSION=1.89
+# The toolchain the test suite runs on (the workspace MSRV is 1.89).
+ARG RUST_VERSION=1.95
 ARG DEBIAN=bookworm
 
 FROM rust:${RUST_VERSION}-${DEBIAN} AS build

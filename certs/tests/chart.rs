@@ -1258,6 +1258,11 @@ fn custom_resource_names_reach_config_and_match_conditions() {
         .find(|e| e.name == "HOOK_PATH")
         .unwrap();
     assert_eq!(env.value.as_deref(), Some("/opt/hami"));
+    assert_eq!(
+        s.webhook_settings()["kai"]["hookPath"],
+        "/opt/hami/vgpu",
+        "KAI pods get the plugin's HAMi-core"
+    );
 }
 
 #[test]

@@ -106,6 +106,7 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("deviceSplitCount zero", {"devicePlugin": {"deviceSplitCount": 0}}, "deviceSplitCount"),
     ("libCudaLogLevel above 4", {"devicePlugin": {"libCudaLogLevel": 5}}, "libCudaLogLevel"),
     ("relative hookPath", {"devicePlugin": {"hookPath": "usr/local"}}, "hookPath"),
+    ("relative KAI hookPath", {"webhook": {"kai": {"hookPath": "vgpu"}}}, "hookPath"),
     ("typo in a devicePlugin key", {"devicePlugin": {"limitDelivry": "env"}}, "limitDelivry"),
     ("failurePolicy lower case", {"webhook": {"failurePolicy": "fail"}}, "failurePolicy"),
     ("timeoutSeconds zero", {"webhook": {"timeoutSeconds": 0}}, "timeoutSeconds"),
