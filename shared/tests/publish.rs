@@ -233,56 +233,116 @@ fn is_root() -> bool {
 }
 
 /// Removes the immutable flag again, even when an assertion fails.
-struct Immutable<'a>(&'a Path);
-impl Drop for Immutable<'_> {
+struct Immutable(PathBuf);
+impl Drop for Immutable {
     fn drop(&mut self) {
-        let _ = Command::new("chattr").arg("-i").arg(self.0).status();
+        let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+    }
+}
+
+/// A directory mounted read-only by the system (sysfs, procfs or cgroup mounted `ro`, as in an
+/// unprivileged container), if there is one.
+fn read_only_system_mount() -> Option<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|line| {
+        let (mount, fs_part) = line.split_once(" - ")?;
+        let fields: Vec<&str> = mount.split_whitespace().collect();
+        let (point, options) = (fields.get(4)?, fields.get(5)?);
+        let fstype = fs_part.split_whitespace().next()?;
+        let read_only = options.split(',').any(|o| o == "ro");
+        let system = matches!(fstype, "sysfs" | "proc" | "cgroup" | "cgroup2");
+        (read_only && system && Path::new(point).is_dir()).then(|| PathBuf::from(point))
+    })
+}
+
+/// A directory in which even this process cannot create a file, and how it was made.
+///
+/// Tests usually run as root, and root ignores a directory's mode bits (CAP_DAC_OVERRIDE), so
+/// `chmod 0555` does not make a directory read-only for us. What really stops root:
+/// 1. the immutable attribute (`chattr +i`, needs CAP_LINUX_IMMUTABLE and a file system with
+///    attributes): not even root may create a file in an immutable directory;
+/// 2. a read-only mount (EROFS), such as the `ro` sysfs/cgroup mounts of an unprivileged container,
+///    where CAP_LINUX_IMMUTABLE is missing.
+///
+/// A non-root run simply uses mode 0555. With none of these, the test fails loudly.
+enum ReadOnlyDir {
+    Immutable(Immutable),
+    ModeBits(PathBuf),
+    SystemMount(PathBuf),
+}
+
+impl ReadOnlyDir {
+    fn make(fresh: &Path) -> ReadOnlyDir {
+        if !is_root() {
+            fs::set_permissions(fresh, fs::Permissions::from_mode(0o555)).unwrap();
+            return ReadOnlyDir::ModeBits(fresh.to_path_buf());
+        }
+        let immutable = Command::new("chattr")
+            .arg("+i")
+            .arg(fresh)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if immutable {
+            return ReadOnlyDir::Immutable(Immutable(fresh.to_path_buf()));
+        }
+        match read_only_system_mount() {
+            Some(p) => ReadOnlyDir::SystemMount(p),
+            None => panic!(
+                "cannot make a directory read-only for root here: `chattr +i` failed (needs e2fsprogs, \
+                 CAP_LINUX_IMMUTABLE and a file system with attributes) and no read-only mount exists"
+            ),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        match self {
+            ReadOnlyDir::Immutable(Immutable(p))
+            | ReadOnlyDir::ModeBits(p)
+            | ReadOnlyDir::SystemMount(p) => p,
+        }
+    }
+}
+
+impl Drop for ReadOnlyDir {
+    fn drop(&mut self) {
+        if let ReadOnlyDir::ModeBits(p) = self {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o755));
+        }
     }
 }
 
 #[test]
 fn read_only_directory_is_an_error_and_leaves_nothing() {
-    // Tests usually run as root, and root ignores a directory's mode bits, so `chmod 0555` does not
-    // make a directory read-only for us. The immutable attribute (`chattr +i`) does: not even root
-    // may create a file in an immutable directory. Where chattr is unavailable (no e2fsprogs, a file
-    // system without attributes, no CAP_LINUX_IMMUTABLE), a non-root run uses mode 0555, and a root
-    // run fails loudly instead of pretending.
     let dir = tempfile::tempdir().unwrap();
-    let ro = dir.path().join("containers");
-    fs::create_dir(&ro).unwrap();
-    fs::write(ro.join("old.limits"), "HAMI_LIMITS_FORMAT=1\n").unwrap();
-    let immutable = Command::new("chattr")
-        .arg("+i")
-        .arg(&ro)
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let _guard = immutable.then(|| Immutable(&ro));
-    if !immutable {
-        assert!(
-            !is_root(),
-            "cannot make a read-only directory for root here: `chattr +i` failed (install e2fsprogs, \
-             use a file system with attributes, or run as non-root)"
-        );
-        fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
-    }
+    let fresh = dir.path().join("containers");
+    fs::create_dir(&fresh).unwrap();
+    fs::write(fresh.join("old.limits"), "HAMI_LIMITS_FORMAT=1\n").unwrap();
+    let ro = ReadOnlyDir::make(&fresh);
+    let ro_path = ro.path().to_path_buf();
+    eprintln!("read-only directory: {}", ro_path.display());
+    let before = names_in(&ro_path);
     assert!(
-        fs::write(ro.join("probe"), "x").is_err(),
-        "the directory is not read-only after all"
+        fs::write(ro_path.join("hami-limits-probe"), "x").is_err(),
+        "{} is not read-only after all",
+        ro_path.display()
     );
 
-    let err = publish_atomic(&ro, FILE, b"CUDA_DEVICE_MEMORY_LIMIT_0=3000m\n").unwrap_err();
+    let err = publish_atomic(&ro_path, FILE, b"CUDA_DEVICE_MEMORY_LIMIT_0=3000m\n").unwrap_err();
     assert!(matches!(err, PublishError::CreateTemp { .. }), "{err}");
-    assert!(err.to_string().contains(&ro.display().to_string()), "{err}");
-    // Replacing an existing file fails the same way and leaves it untouched.
-    let err = publish_atomic(&ro, "old.limits", b"new\n").unwrap_err();
-    assert!(matches!(err, PublishError::CreateTemp { .. }), "{err}");
-    assert_eq!(names_in(&ro), ["old.limits"]);
-    assert_eq!(
-        fs::read_to_string(ro.join("old.limits")).unwrap(),
-        "HAMI_LIMITS_FORMAT=1\n"
+    assert!(
+        err.to_string().contains(&ro_path.display().to_string()),
+        "{err}"
     );
-    if !immutable {
-        fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(names_in(&ro_path), before, "something was left behind");
+    if !matches!(ro, ReadOnlyDir::SystemMount(_)) {
+        // Replacing an existing file fails the same way and leaves it untouched.
+        let err = publish_atomic(&ro_path, "old.limits", b"new\n").unwrap_err();
+        assert!(matches!(err, PublishError::CreateTemp { .. }), "{err}");
+        assert_eq!(names_in(&ro_path), ["old.limits"]);
+        assert_eq!(
+            fs::read_to_string(ro_path.join("old.limits")).unwrap(),
+            "HAMI_LIMITS_FORMAT=1\n"
+        );
     }
 }
