@@ -37,6 +37,10 @@ pub enum Command {
     Run(RunArgs),
     /// Print the GPUs found, the kubelet devices and the node annotation that `run` would publish.
     Inventory(InventoryArgs),
+    /// Print, as JSON, what `Allocate` would give each container of a pod with pending GPU
+    /// entries (delivery mode and source, envs, mounts, limits-file text); `--write` also
+    /// publishes the files.
+    Plan(crate::allocation::dry_run::PlanArgs),
 }
 
 /// Where the GPUs and the settings come from (shared by both sub-commands).
@@ -95,6 +99,9 @@ pub struct RunArgs {
     /// kubelet side alone.
     #[arg(long = "skip-node-register", env = "HAMI_SKIP_NODE_REGISTER")]
     pub skip_node_register: bool,
+    /// Allocation: hook path, collector of dead pods' files.
+    #[command(flatten)]
+    pub allocate: crate::allocation::AllocateArgs,
 }
 
 /// `inventory` flags.
@@ -142,13 +149,22 @@ pub enum CliError {
     /// kubelet side failed.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
+    /// Allocation settings are invalid (dynamic MIG, a bad config value).
+    #[error(transparent)]
+    Allocation(#[from] crate::allocation::config::ConfigError),
+    /// `plan` failed.
+    #[error(transparent)]
+    Plan(#[from] crate::allocation::dry_run::DryRunError),
 }
 
 impl CliError {
     /// Exit status: 2 for configuration mistakes, 1 for everything else.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::Settings(_) | Self::MissingNodeName | Self::BadDuration { .. } => 2,
+            Self::Settings(_)
+            | Self::MissingNodeName
+            | Self::BadDuration { .. }
+            | Self::Allocation(_) => 2,
             _ => 1,
         }
     }
@@ -299,6 +315,10 @@ pub struct RunContext {
     pub settings: PluginSettings,
     /// The API server client (absent with `--skip-node-register`).
     pub client: Option<kube::Client>,
+    /// Where the settings came from.
+    pub source: SourceArgs,
+    /// Allocation flags.
+    pub allocate: crate::allocation::AllocateArgs,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -350,6 +370,8 @@ pub async fn run(
         node_name: node_name.clone(),
         settings: settings.clone(),
         client: client.clone(),
+        source: args.source.clone(),
+        allocate: args.allocate.clone(),
     };
     let allocate = make_allocate(&context)?;
     let pending: Arc<dyn PendingPodDevices> = match &client {

@@ -9,8 +9,11 @@
 //! - [`plugin`]: socket, registration, kubelet restarts, shutdown;
 //! - [`node_register`]: the `hami.io/node-nvidia-register` handshake with the HAMi scheduler;
 //! - [`pending_pod`]: the pod being admitted, from the API server;
-//! - [`settings`] / [`cli`]: configuration and the command line.
+//! - [`settings`] / [`cli`]: configuration and the command line;
+//! - [`allocation`]: `Allocate` for HAMi-core (pod locator, device codec, plan, limits file,
+//!   collector of dead pods' files, the `plan` dry run).
 
+pub mod allocation;
 pub mod api;
 pub mod cli;
 pub mod devices;

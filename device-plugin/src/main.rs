@@ -2,11 +2,9 @@
 //! over to the library.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use clap::Parser;
 use hami_device_plugin::cli::{self, Cli, CliError, Command};
-use hami_device_plugin::service::{AllocateHandler, VisibleDevicesOnly};
 
 /// Installs the SIGTERM/SIGINT handlers now (a signal that arrives while the plugin is still
 /// starting must not kill it with the socket left behind) and returns a future that completes on
@@ -45,12 +43,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => {
-                let make_allocate =
-                    |_: &cli::RunContext| -> Result<Arc<dyn AllocateHandler>, CliError> {
-                        Ok(Arc::new(VisibleDevicesOnly))
-                    };
                 let shutdown = shutdown_signal().map_err(CliError::Signals)?;
-                cli::run(args, make_allocate, shutdown).await
+                cli::run(args, hami_device_plugin::allocation::make_handler, shutdown).await
             }
             Command::Inventory(args) => cli::inventory_report(&args.source).map(|report| {
                 if args.json {
@@ -62,6 +56,12 @@ fn main() -> ExitCode {
                     print!("{}", cli::render_report(&report));
                 }
             }),
+            Command::Plan(args) => hami_device_plugin::allocation::dry_run::run_plan(&args)
+                .map_err(CliError::from)
+                .map(|report| match serde_json::to_string_pretty(&report) {
+                    Ok(text) => println!("{text}"),
+                    Err(error) => eprintln!("hami-device-plugin: {error}"),
+                }),
         }
     });
     match result {

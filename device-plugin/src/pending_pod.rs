@@ -3,34 +3,21 @@
 //! Only the UUIDs of the first non-empty container entry are read; the full device codec and pod
 //! locator used by `Allocate` live with the allocation code.
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::Pod;
 use tonic::Status;
 
 use crate::service::PendingPodDevices;
 
-const ANNOTATION_MUTEX_LOCK: &str = "hami.io/mutex.lock";
-const ANNOTATION_VGPU_NODE: &str = "hami.io/vgpu-node";
-const ANNOTATION_BIND_PHASE: &str = "hami.io/bind-phase";
-const ANNOTATION_BIND_TIME: &str = "hami.io/bind-time";
-const ANNOTATION_TO_ALLOCATE: &str = "hami.io/vgpu-devices-to-allocate";
+use hami_shared::names::{
+    ANNOTATION_BIND_PHASE, ANNOTATION_BIND_TIME,
+    ANNOTATION_VGPU_DEVICES_TO_ALLOCATE as ANNOTATION_TO_ALLOCATE, ANNOTATION_VGPU_NODE,
+    BIND_PHASE_ALLOCATING, BIND_PHASE_SUCCESS,
+};
 
 /// The GPU UUIDs of the first non-empty container entry of `hami.io/vgpu-devices-to-allocate`
 /// (`UUID,NVIDIA,<mem>,<cores>:` per device, `;` per container).
 pub fn first_entry_uuids(annotation: &str) -> Vec<String> {
-    annotation
-        .split(';')
-        .find(|entry| !entry.is_empty())
-        .map(|entry| {
-            entry
-                .split(':')
-                .filter(|d| !d.is_empty())
-                .filter_map(|d| d.split(',').next())
-                .filter(|u| !u.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
+    crate::allocation::codec::next_request_uuids(annotation)
 }
 
 /// Namespace and name from a node lock `<time>,<namespace>,<pod>` (legacy bare time: none).
@@ -50,12 +37,12 @@ fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-fn is_pending_here(pod: &Pod, node: &str) -> bool {
+/// HAMi's pending-pod test: `Pending`, `hami.io/bind-time` set, `hami.io/bind-phase` allocating or
+/// success, and `hami.io/vgpu-node` = `node`.
+pub fn is_pending_here(pod: &Pod, node: &str) -> bool {
     let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
-    let phase_ok = matches!(
-        annotation(pod, ANNOTATION_BIND_PHASE),
-        Some("allocating" | "success")
-    );
+    let phase_ok = annotation(pod, ANNOTATION_BIND_PHASE)
+        .is_some_and(|p| p == BIND_PHASE_ALLOCATING || p == BIND_PHASE_SUCCESS);
     pending
         && phase_ok
         && annotation(pod, ANNOTATION_BIND_TIME).is_some()
@@ -86,28 +73,12 @@ impl KubePendingPod {
         }
     }
 
-    async fn find(&self) -> Result<Option<Pod>, kube::Error> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = nodes.get(&self.node_name).await?;
-        let lock = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_MUTEX_LOCK));
-        if let Some((namespace, name)) = lock.and_then(|l| lock_holder(l)) {
-            let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-            if let Some(pod) = pods.get_opt(name).await? {
-                return Ok(Some(pod));
-            }
-        }
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let list = pods
-            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node_name)))
-            .await?;
-        Ok(list
-            .items
-            .into_iter()
-            .find(|p| is_pending_here(p, &self.node_name)))
+    /// The pod being admitted on this node (the locator `Allocate` uses too).
+    pub async fn find(&self) -> Result<Option<Pod>, kube::Error> {
+        let mut trips = crate::allocation::locator::LocateTrips::default();
+        crate::allocation::locator::locate(&self.client, &self.node_name, &mut trips)
+            .await
+            .map(|found| found.map(|l| l.pod))
     }
 }
 

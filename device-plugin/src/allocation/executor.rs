@@ -1,0 +1,576 @@
+//! The executor: the thin I/O around [`super::plan`]. For each `Allocate` call, serialised on the
+//! node: find the pod ([`super::locator`]), decode its devices ([`super::codec`]), plan each
+//! container, create its directory and publish its limits file, then update the pod's annotations
+//! and release the node lock. Any failure after the pod is found fails the allocation: gRPC
+//! error, `hami.io/bind-phase: failed`, node lock released, an Event on the pod naming the path
+//! and the error, and nothing from this call left on disk.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use hami_shared::names::{
+    ANNOTATION_BIND_PHASE, ANNOTATION_MUTEX_LOCK, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
+    BIND_PHASE_FAILED, BIND_PHASE_SUCCESS,
+};
+use hami_shared::publish::{PublishError, publish_atomic, sweep_temp_files};
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tonic::Status;
+
+use super::codec::PodDevices;
+use super::locator::{LocateTrips, Located, locate};
+use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_container, pod_key};
+use crate::api::v1beta1;
+use crate::devices::DeviceTable;
+use crate::service::AllocateHandler;
+
+/// Mode of the per-container directory: HAMi-core's shared region (`usage.cache`) and lock files
+/// are created there by whatever UID the container's processes run as (HAMi uses 0777 too).
+pub const CONTAINER_DIR_MODE: u32 = 0o777;
+
+/// Where one allocation spent its time (for logs and the benchmark).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AllocateTiming {
+    /// Waiting for the node-wide allocation lock.
+    pub queued: Duration,
+    /// Finding the pod (node GET, then pod GET or LIST).
+    pub locate: Duration,
+    /// Directory creation and limits file publication (includes the fsyncs).
+    pub disk: Duration,
+    /// Of `disk`: `publish_atomic` (write, fsync file, chmod, rename, fsync directory).
+    pub publish: Duration,
+    /// Patching the pod's annotations.
+    pub patch_pod: Duration,
+    /// Releasing the node lock.
+    pub release_lock: Duration,
+    /// The whole call, queueing included.
+    pub total: Duration,
+    /// API round trips made.
+    pub api_round_trips: u32,
+    /// Whether the call succeeded.
+    pub ok: bool,
+}
+
+/// Collects [`AllocateTiming`]s (the benchmark reads them; the plugin keeps none by default).
+#[derive(Debug, Default)]
+pub struct TimingLog {
+    entries: Mutex<Vec<AllocateTiming>>,
+}
+
+impl TimingLog {
+    /// Appends one record.
+    pub fn push(&self, timing: AllocateTiming) {
+        self.entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(timing);
+    }
+
+    /// Takes every record so far.
+    pub fn take(&self) -> Vec<AllocateTiming> {
+        std::mem::take(&mut *self.entries.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// What failed on disk; names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// A directory operation failed.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// Publishing the limits file failed.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+}
+
+impl DiskError {
+    /// The path the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            DiskError::Io { path, .. } => path,
+            DiskError::Publish(e) => e.path(),
+        }
+    }
+}
+
+/// What one container's execution put on disk (removed again if the allocation fails later).
+#[derive(Debug, Default)]
+pub struct Written {
+    /// The per-container directory.
+    pub dir: Option<PathBuf>,
+    /// The limits file.
+    pub file: Option<PathBuf>,
+}
+
+impl Written {
+    /// Removes what was written (best effort; the error that got us here is the one to report).
+    pub fn undo(&self) {
+        if let Some(file) = &self.file
+            && let Err(e) = fs::remove_file(file)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %file.display(), error = %e, "cannot remove limits file of a failed allocation");
+        }
+        if let Some(dir) = &self.dir
+            && let Err(e) = fs::remove_dir_all(dir)
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %dir.display(), error = %e, "cannot remove directory of a failed allocation");
+        }
+    }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> DiskError + 'a {
+    move |source| DiskError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Creates the plan's directory (recreated, mode 0777) and publishes its limits file atomically.
+/// On error, whatever this call created is removed again before returning. Returns what was
+/// written and the time spent in `publish_atomic`.
+pub fn execute_plan(plan: &AllocationPlan) -> Result<(Written, Duration), DiskError> {
+    let mut written = Written::default();
+    let mut publish_time = Duration::ZERO;
+    let result = (|| {
+        let Some(dir) = &plan.container_dir else {
+            return Ok(());
+        };
+        let containers = dir.parent().unwrap_or(dir);
+        fs::create_dir_all(containers).map_err(io_err("create directory", containers))?;
+        match fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove old directory", dir)(e)),
+        }
+        fs::create_dir(dir).map_err(io_err("create directory", dir))?;
+        written.dir = Some(dir.clone());
+        // Explicit chmod: the mode given to mkdir is filtered by the umask.
+        fs::set_permissions(dir, fs::Permissions::from_mode(CONTAINER_DIR_MODE))
+            .map_err(io_err("chmod 0777", dir))?;
+        if let Some(file) = &plan.limits_file {
+            let started = Instant::now();
+            let path = publish_atomic(&file.dir, &file.file_name, file.text.as_bytes())?;
+            publish_time = started.elapsed();
+            written.file = Some(path);
+        }
+        Ok(())
+    })();
+    match result {
+        Ok(()) => Ok((written, publish_time)),
+        Err(e) => {
+            written.undo();
+            Err(e)
+        }
+    }
+}
+
+/// Removes leftover temporary files of an interrupted publication from the containers directory.
+pub fn sweep_containers_dir(settings: &AllocationSettings) -> Result<usize, PublishError> {
+    let dir = settings.containers_dir();
+    if !dir.is_dir() {
+        return Ok(0);
+    }
+    sweep_temp_files(&dir)
+}
+
+/// Why an allocation failed after the pod was found.
+#[derive(Debug)]
+struct Failure {
+    status: Status,
+    /// Event message (names the path and the error for disk failures).
+    message: String,
+}
+
+impl Failure {
+    fn plan(e: PlanError) -> Self {
+        let message = format!("allocation failed: {e}");
+        Self {
+            status: Status::failed_precondition(message.clone()),
+            message,
+        }
+    }
+
+    fn disk(pod: &str, container: &str, e: &DiskError) -> Self {
+        let message = format!(
+            "allocation failed for pod {pod} container {container}: {} ({e}); the container would run without its GPU limits",
+            e.path().display()
+        );
+        Self {
+            status: Status::internal(message.clone()),
+            message,
+        }
+    }
+
+    fn api(what: &str, e: &kube::Error) -> Self {
+        let message = format!("allocation failed: {what}: {e}");
+        Self {
+            status: Status::unavailable(message.clone()),
+            message,
+        }
+    }
+}
+
+/// The `Allocate` handler of hami-limits.
+pub struct Allocator {
+    client: kube::Client,
+    node_name: String,
+    settings: AllocationSettings,
+    version: String,
+    serial: tokio::sync::Mutex<()>,
+    timings: Option<Arc<TimingLog>>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("node_name", &self.node_name)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Allocator {
+    /// An allocator for `node_name`. Removes leftover temporary files from the containers
+    /// directory first (a warning if that fails: the allocations will say what is wrong).
+    pub fn new(
+        client: kube::Client,
+        node_name: impl Into<String>,
+        settings: AllocationSettings,
+    ) -> Self {
+        match sweep_containers_dir(&settings) {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(removed = n, dir = %settings.containers_dir().display(), "removed leftover temporary files")
+            }
+            Err(error) => tracing::warn!(%error, "cannot sweep the containers directory"),
+        }
+        Self {
+            client,
+            node_name: node_name.into(),
+            settings,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            serial: tokio::sync::Mutex::new(()),
+            timings: None,
+        }
+    }
+
+    /// Records every call's [`AllocateTiming`] into `log` (benchmarks).
+    pub fn with_timings(mut self, log: Arc<TimingLog>) -> Self {
+        self.timings = Some(log);
+        self
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &AllocationSettings {
+        &self.settings
+    }
+
+    fn libvgpu_host(&self) -> PathBuf {
+        let versioned = self.settings.libvgpu_host_path(&self.version, true);
+        let exists = versioned.is_file();
+        self.settings.libvgpu_host_path(&self.version, exists)
+    }
+
+    async fn patch_pod_annotations(
+        &self,
+        pod: &Pod,
+        annotations: serde_json::Value,
+    ) -> Result<Pod, kube::Error> {
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+        );
+        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
+        api.patch(
+            pod.metadata.name.as_deref().unwrap_or(""),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    }
+
+    /// Removes the node lock if it still has the value that named this pod (a JSON patch `test`
+    /// makes the check and the removal one atomic step).
+    async fn release_lock(&self, lock: &str) -> Result<(), kube::Error> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let path = format!(
+            "/metadata/annotations/{}",
+            ANNOTATION_MUTEX_LOCK.replace('~', "~0").replace('/', "~1")
+        );
+        let patch = test_and_remove(&path, lock).map_err(kube::Error::SerdeError)?;
+        match nodes
+            .patch(
+                &self.node_name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            // 422: the test failed — the lock was released or taken by another pod meanwhile.
+            Err(kube::Error::Api(e)) if e.code == 422 => {
+                tracing::info!(node = %self.node_name, "node lock no longer names this pod; left as is");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn event(&self, pod: &Pod, type_: &str, reason: &str, message: &str) {
+        let namespace = pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}.{:x}", now.as_nanosecond().unsigned_abs())),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                uid: pod.metadata.uid.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            type_: Some(type_.into()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            source: Some(EventSource {
+                component: Some("hami-device-plugin".into()),
+                host: Some(self.node_name.clone()),
+            }),
+            reporting_component: Some("hami-device-plugin".into()),
+            reporting_instance: Some(self.node_name.clone()),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        if let Err(error) = api.create(&PostParams::default(), &event).await {
+            tracing::warn!(%error, pod = %pod_key(pod), %reason, "cannot record an Event");
+        }
+    }
+
+    /// The failure path: bind-phase failed, lock released, Event, error status.
+    async fn fail(
+        &self,
+        located: &Located,
+        failure: Failure,
+        timing: &mut AllocateTiming,
+    ) -> Status {
+        let pod = &located.pod;
+        tracing::error!(pod = %pod_key(pod), node = %self.node_name, error = %failure.message, "allocation failed");
+        timing.api_round_trips += 1;
+        if let Err(error) = self
+            .patch_pod_annotations(
+                pod,
+                serde_json::json!({ ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED }),
+            )
+            .await
+        {
+            tracing::error!(%error, pod = %pod_key(pod), "cannot set bind-phase failed");
+        }
+        if let Some(lock) = &located.lock {
+            timing.api_round_trips += 1;
+            if let Err(error) = self.release_lock(lock).await {
+                tracing::error!(%error, node = %self.node_name, "cannot release the node lock");
+            }
+        }
+        timing.api_round_trips += 1;
+        self.event(pod, "Warning", "AllocationFailed", &failure.message)
+            .await;
+        failure.status
+    }
+
+    async fn allocate_located(
+        &self,
+        located: &Located,
+        request: &v1beta1::AllocateRequest,
+        timing: &mut AllocateTiming,
+    ) -> Result<v1beta1::AllocateResponse, Failure> {
+        let pod = &located.pod;
+        let key = pod_key(pod);
+        let value = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_VGPU_DEVICES_TO_ALLOCATE))
+            .ok_or_else(|| {
+                let message = format!(
+                    "allocation failed: pod {key} has no {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE} annotation"
+                );
+                Failure {
+                    status: Status::failed_precondition(message.clone()),
+                    message,
+                }
+            })?;
+        let mut devices = PodDevices::decode(value).map_err(|source| {
+            Failure::plan(PlanError::Codec {
+                pod: key.clone(),
+                source,
+            })
+        })?;
+        let libvgpu = self.libvgpu_host();
+        let mut responses = Vec::with_capacity(request.container_requests.len());
+        let mut written: Vec<Written> = Vec::new();
+        let mut warnings: Vec<String> = Vec::new();
+        let undo_all = |written: &[Written]| written.iter().for_each(Written::undo);
+        for container in &request.container_requests {
+            let Some((entry, wanted)) = devices.next_request() else {
+                undo_all(&written);
+                let message = format!(
+                    "allocation failed: pod {key} has no container left with an NVIDIA device in {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE}"
+                );
+                return Err(Failure {
+                    status: Status::failed_precondition(message.clone()),
+                    message,
+                });
+            };
+            let plan = match plan_container(
+                pod,
+                entry,
+                &wanted,
+                Some(container.devices_ids.len()),
+                &self.settings,
+                &libvgpu,
+            ) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    undo_all(&written);
+                    return Err(Failure::plan(e));
+                }
+            };
+            let started = Instant::now();
+            let result = execute_plan(&plan);
+            timing.disk += started.elapsed();
+            match result {
+                Ok((w, publish)) => {
+                    timing.publish += publish;
+                    written.push(w);
+                }
+                Err(e) => {
+                    undo_all(&written);
+                    return Err(Failure::disk(&key, &plan.container, &e));
+                }
+            }
+            tracing::info!(
+                pod = %key,
+                container = %plan.container,
+                devices = %plan.envs.get(hami_shared::names::ENV_NVIDIA_VISIBLE_DEVICES).map_or("", String::as_str),
+                delivery = %plan.delivery.mode,
+                delivery_source = %plan.delivery.source,
+                limits_file = %plan.limits_file.as_ref().map(|f| f.path().display().to_string()).unwrap_or_default(),
+                mig = plan.mig,
+                "container allocated"
+            );
+            warnings.extend(plan.warnings.iter().cloned());
+            devices.erase_nvidia(entry);
+            responses.push(plan.response());
+        }
+        let done = !devices.has_nvidia();
+        let mut annotations =
+            serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: devices.encode() });
+        if done {
+            annotations[ANNOTATION_BIND_PHASE] = serde_json::Value::from(BIND_PHASE_SUCCESS);
+        }
+        let started = Instant::now();
+        timing.api_round_trips += 1;
+        let patched = self.patch_pod_annotations(pod, annotations).await;
+        timing.patch_pod = started.elapsed();
+        if let Err(e) = patched {
+            undo_all(&written);
+            return Err(Failure::api(
+                &format!("cannot update the annotations of pod {key}"),
+                &e,
+            ));
+        }
+        if done && let Some(lock) = &located.lock {
+            let started = Instant::now();
+            timing.api_round_trips += 1;
+            if let Err(error) = self.release_lock(lock).await {
+                // The pod is allocated; a stale lock expires after 5 minutes.
+                tracing::error!(%error, node = %self.node_name, "cannot release the node lock");
+            }
+            timing.release_lock = started.elapsed();
+        }
+        for warning in warnings {
+            tracing::warn!(pod = %key, "{warning}");
+            timing.api_round_trips += 1;
+            self.event(pod, "Warning", "InvalidLimitDelivery", &warning)
+                .await;
+        }
+        Ok(v1beta1::AllocateResponse {
+            container_responses: responses,
+        })
+    }
+}
+
+/// The JSON patch that removes the annotation at `path` only while it still holds `value`.
+fn test_and_remove(path: &str, value: &str) -> Result<json_patch::Patch, serde_json::Error> {
+    serde_json::from_value(serde_json::json!([
+        { "op": "test", "path": path, "value": value },
+        { "op": "remove", "path": path },
+    ]))
+}
+
+#[tonic::async_trait]
+impl AllocateHandler for Allocator {
+    async fn allocate(
+        &self,
+        _devices: &DeviceTable,
+        request: v1beta1::AllocateRequest,
+    ) -> Result<v1beta1::AllocateResponse, Status> {
+        let started = Instant::now();
+        let mut timing = AllocateTiming::default();
+        let _serial = self.serial.lock().await;
+        timing.queued = started.elapsed();
+        let mut trips = LocateTrips::default();
+        let located = locate(&self.client, &self.node_name, &mut trips).await;
+        timing.locate = started.elapsed() - timing.queued;
+        timing.api_round_trips += trips.node_gets + trips.pod_gets + trips.pod_lists;
+        let result = match located {
+            Err(e) => Err(Status::unavailable(format!(
+                "cannot look for the pod being allocated on node {}: {e}",
+                self.node_name
+            ))),
+            Ok(None) => Err(Status::failed_precondition(format!(
+                "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
+                self.node_name, self.node_name
+            ))),
+            Ok(Some(located)) => match self.allocate_located(&located, &request, &mut timing).await
+            {
+                Ok(response) => Ok(response),
+                Err(failure) => Err(self.fail(&located, failure, &mut timing).await),
+            },
+        };
+        timing.total = started.elapsed();
+        timing.ok = result.is_ok();
+        if let Some(log) = &self.timings {
+            log.push(timing);
+        }
+        tracing::debug!(?timing, "allocate");
+        result
+    }
+}

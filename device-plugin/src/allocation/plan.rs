@@ -1,0 +1,591 @@
+//! The pure allocation plan: from the pod, the container's entry of
+//! `hami.io/vgpu-devices-to-allocate` and the resolved settings to what `Allocate` answers (envs,
+//! mounts) and what must be on disk first (the per-container directory and, in `file` mode, the
+//! limits file). No I/O here: the executor and `hami-device-plugin plan` both call it.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use hami_shared::limits_file::{LimitsFile, LimitsFileError};
+use hami_shared::names::{
+    ANNOTATION_LIMIT_DELIVERY, CONTAINERS_DIR, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
+    ENV_CUDA_DEVICE_SM_LIMIT, ENV_CUDA_DISABLE_CONTROL, ENV_CUDA_OVERSUBSCRIBE,
+    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_LIBCUDA_LOG_LEVEL,
+    ENV_LIBVGPU_HOSTPID_BROKER, ENV_NVIDIA_VISIBLE_DEVICES, LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH,
+    LIBVGPU_SO, OVERRIDE_ENV_PATH, USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH, container_dir_name,
+    limits_file_name, memory_limit_env,
+};
+use hami_shared::values::{
+    DeliverySource, LimitDelivery, MemoryLimitMib, SmLimit, TaskPriority, resolve_limit_delivery,
+};
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde::Serialize;
+
+use super::codec::{ContainerDevice, ContainerSlot, PodDevices};
+
+/// Settings the plan depends on (the node's resolved device config).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationSettings {
+    /// `HOOK_PATH`: where HAMi-core lives on the host and in the container (`/usr/local`).
+    pub hook_path: PathBuf,
+    /// `deviceMemoryScaling`: above 1 the container gets `CUDA_OVERSUBSCRIBE=true`.
+    pub memory_scaling: f64,
+    /// `disableCoreLimit`: the container gets `GPU_CORE_UTILIZATION_POLICY=disable`.
+    pub disable_core_limit: bool,
+    /// `libCudaLogLevel` (node entry over global), passed as `LIBCUDA_LOG_LEVEL`.
+    pub lib_cuda_log_level: Option<String>,
+    /// `limitdelivery` of the node's entry in `config.json`.
+    pub node_delivery: Option<LimitDelivery>,
+    /// `nvidia.limitDelivery` in the global device config.
+    pub global_delivery: Option<LimitDelivery>,
+}
+
+impl Default for AllocationSettings {
+    fn default() -> Self {
+        Self {
+            hook_path: PathBuf::from(hami_shared::names::DEFAULT_HOOK_PATH),
+            memory_scaling: 1.0,
+            disable_core_limit: false,
+            lib_cuda_log_level: None,
+            node_delivery: None,
+            global_delivery: None,
+        }
+    }
+}
+
+impl AllocationSettings {
+    /// `<hook>/vgpu`.
+    pub fn vgpu_dir(&self) -> PathBuf {
+        self.hook_path.join(VGPU_DIR)
+    }
+
+    /// `<hook>/vgpu/containers`: per-container directories and limits files.
+    pub fn containers_dir(&self) -> PathBuf {
+        self.vgpu_dir().join(CONTAINERS_DIR)
+    }
+
+    /// The host file mounted as `libvgpu.so`: `libvgpu.so.<version>` when `versioned_exists`
+    /// (HAMi's `GetLibPath` prefers the file of the plugin's own version), else `libvgpu.so`.
+    pub fn libvgpu_host_path(&self, version: &str, versioned_exists: bool) -> PathBuf {
+        if versioned_exists {
+            self.vgpu_dir().join(format!("{LIBVGPU_SO}.{version}"))
+        } else {
+            self.vgpu_dir().join(LIBVGPU_SO)
+        }
+    }
+}
+
+/// One mount of the answer (`v1beta1.Mount`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedMount {
+    /// Path in the container.
+    pub container_path: String,
+    /// Path on the host.
+    pub host_path: String,
+    /// Read-only.
+    pub read_only: bool,
+}
+
+/// The limits file to publish.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedFile {
+    /// The containers directory it is published into.
+    pub dir: PathBuf,
+    /// `<podUID>_<container>.limits`.
+    pub file_name: String,
+    /// The exact bytes (rendered [`LimitsFile`]).
+    pub text: String,
+}
+
+impl PlannedFile {
+    /// `dir/file_name`.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(&self.file_name)
+    }
+}
+
+/// How limits reach HAMi-core for this container, and which setting decided it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedDelivery {
+    /// `file` or `env`.
+    #[serde(serialize_with = "as_display")]
+    pub mode: LimitDelivery,
+    /// `pod-annotation`, `node-config`, `global-config` or `default`.
+    #[serde(serialize_with = "as_display")]
+    pub source: DeliverySource,
+}
+
+fn as_display<T: std::fmt::Display, S: serde::Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// Everything one container gets.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationPlan {
+    /// `namespace/name` of the pod.
+    pub pod: String,
+    /// The pod's UID (validated: a UUID).
+    pub pod_uid: String,
+    /// The container's name (validated: a DNS-1123 label).
+    pub container: String,
+    /// Which container of the spec.
+    pub slot: ContainerSlot,
+    /// Index of its entry in `hami.io/vgpu-devices-to-allocate`.
+    pub entry: usize,
+    /// The scheduler's devices for it.
+    pub devices: Vec<ContainerDevice>,
+    /// Static MIG devices: no HAMi-core variables, no file, no mounts.
+    pub mig: bool,
+    /// Delivery mode and its source (also reported for MIG, where it changes nothing).
+    pub delivery: PlannedDelivery,
+    /// Environment variables of the answer.
+    pub envs: BTreeMap<String, String>,
+    /// Mounts of the answer, in order.
+    pub mounts: Vec<PlannedMount>,
+    /// The per-container directory to (re)create (absent for MIG).
+    pub container_dir: Option<PathBuf>,
+    /// The limits file (file mode only).
+    pub limits_file: Option<PlannedFile>,
+    /// Things an operator should know (an invalid `hami.io/limit-delivery`, an ignored spec value).
+    pub warnings: Vec<String>,
+}
+
+/// Why a container cannot be planned; every variant names the pod.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// The pod has no UID, or it is not a UUID.
+    #[error("pod {pod}: UID {uid:?} is not a UUID; refusing to build a host path from it")]
+    InvalidPodUid {
+        /// `namespace/name`.
+        pod: String,
+        /// The UID.
+        uid: String,
+    },
+    /// The container name is not a DNS-1123 label.
+    #[error(
+        "pod {pod}: container name {name:?} is not a DNS-1123 label; refusing to build a host path from it"
+    )]
+    InvalidContainerName {
+        /// `namespace/name`.
+        pod: String,
+        /// The name.
+        name: String,
+    },
+    /// The entry names a container the spec does not have.
+    #[error(
+        "pod {pod}: entry {entry} of hami.io/vgpu-devices-to-allocate names {slot:?}, which the pod does not have"
+    )]
+    NoSuchContainer {
+        /// `namespace/name`.
+        pod: String,
+        /// The entry.
+        entry: usize,
+        /// The slot.
+        slot: ContainerSlot,
+    },
+    /// The entry has no device.
+    #[error("pod {pod}: entry {entry} of hami.io/vgpu-devices-to-allocate has no NVIDIA device")]
+    NoDevices {
+        /// `namespace/name`.
+        pod: String,
+        /// The entry.
+        entry: usize,
+    },
+    /// kubelet asked for a different number of devices than the scheduler assigned.
+    #[error(
+        "pod {pod}: container {container} was assigned {assigned} device(s) by the scheduler but kubelet requests {requested}"
+    )]
+    DeviceCountMismatch {
+        /// `namespace/name`.
+        pod: String,
+        /// Container name.
+        container: String,
+        /// Devices in the annotation.
+        assigned: usize,
+        /// Device IDs in the request.
+        requested: usize,
+    },
+    /// A value HAMi-core would misread (zero memory means unlimited), or a key it never reads.
+    #[error("pod {pod}: container {container}: {source}")]
+    Value {
+        /// `namespace/name`.
+        pod: String,
+        /// Container name.
+        container: String,
+        /// The refused entry.
+        source: LimitsFileError,
+    },
+    /// The device annotation is malformed.
+    #[error("pod {pod}: hami.io/vgpu-devices-to-allocate: {source}")]
+    Codec {
+        /// `namespace/name`.
+        pod: String,
+        /// The decoding error.
+        source: super::codec::CodecError,
+    },
+}
+
+/// `namespace/name`.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
+/// True for a UUID `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex digits), as Kubernetes assigns.
+pub fn is_uuid(s: &str) -> bool {
+    let groups = [8usize, 4, 4, 4, 12];
+    let parts: Vec<&str> = s.split('-').collect();
+    parts.len() == groups.len()
+        && parts
+            .iter()
+            .zip(groups)
+            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// True for a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters), as
+/// Kubernetes requires of container names.
+pub fn is_dns1123_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first() != Some(&b'-')
+        && bytes.last() != Some(&b'-')
+}
+
+/// Go's `strconv.ParseBool` true values (HAMi reads `CUDA_DISABLE_CONTROL` with it).
+fn go_parse_bool_true(s: &str) -> bool {
+    matches!(s, "1" | "t" | "T" | "TRUE" | "true" | "True")
+}
+
+/// The literal value of the last `env` entry named `name` (later entries win in Kubernetes);
+/// `valueFrom` entries have no literal value.
+pub fn literal_env<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
+    container
+        .env
+        .as_ref()?
+        .iter()
+        .rev()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.as_deref())
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// The container of a slot.
+pub fn container_of(pod: &Pod, slot: ContainerSlot) -> Option<&Container> {
+    let spec = pod.spec.as_ref()?;
+    match slot {
+        ContainerSlot::Init(i) => spec.init_containers.as_ref()?.get(i),
+        ContainerSlot::App(i) => spec.containers.get(i),
+    }
+}
+
+/// Number of init containers.
+pub fn init_count(pod: &Pod) -> usize {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .map_or(0, Vec::len)
+}
+
+/// True for a static MIG device ID (`MIG-...`, HAMi checks `strings.Contains(id, "MIG")`).
+pub fn is_mig_device(uuid: &str) -> bool {
+    uuid.contains("MIG")
+}
+
+fn mount(container_path: impl Into<String>, host_path: &Path, read_only: bool) -> PlannedMount {
+    PlannedMount {
+        container_path: container_path.into(),
+        host_path: host_path.display().to_string(),
+        read_only,
+    }
+}
+
+/// Plans the container of entry `entry` with `devices` (the entry's NVIDIA devices).
+///
+/// `requested` is the number of device IDs kubelet asked for (checked against the scheduler's
+/// assignment; `None` in the dry run). `libvgpu_host` is the host file mounted as `libvgpu.so`
+/// ([`AllocationSettings::libvgpu_host_path`]).
+pub fn plan_container(
+    pod: &Pod,
+    entry: usize,
+    devices: &[ContainerDevice],
+    requested: Option<usize>,
+    settings: &AllocationSettings,
+    libvgpu_host: &Path,
+) -> Result<AllocationPlan, PlanError> {
+    let key = pod_key(pod);
+    let slot = ContainerSlot::of_entry(entry, init_count(pod));
+    let container = container_of(pod, slot).ok_or_else(|| PlanError::NoSuchContainer {
+        pod: key.clone(),
+        entry,
+        slot,
+    })?;
+    let name = container.name.clone();
+    if !is_dns1123_label(&name) {
+        return Err(PlanError::InvalidContainerName { pod: key, name });
+    }
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if !is_uuid(&uid) {
+        return Err(PlanError::InvalidPodUid { pod: key, uid });
+    }
+    if devices.is_empty() {
+        return Err(PlanError::NoDevices { pod: key, entry });
+    }
+    if let Some(requested) = requested
+        && requested != devices.len()
+    {
+        return Err(PlanError::DeviceCountMismatch {
+            pod: key,
+            container: name,
+            assigned: devices.len(),
+            requested,
+        });
+    }
+    let value_err = |source| PlanError::Value {
+        pod: key.clone(),
+        container: name.clone(),
+        source,
+    };
+
+    let mut warnings = Vec::new();
+    let resolved = resolve_limit_delivery(
+        annotation(pod, ANNOTATION_LIMIT_DELIVERY),
+        settings.node_delivery,
+        settings.global_delivery,
+    );
+    if let Some(bad) = &resolved.invalid_annotation {
+        warnings.push(format!(
+            "invalid {ANNOTATION_LIMIT_DELIVERY}={bad:?} (accepted: {}); using {} from {}",
+            LimitDelivery::ACCEPTED,
+            resolved.delivery,
+            resolved.source
+        ));
+    }
+    let delivery = PlannedDelivery {
+        mode: resolved.delivery,
+        source: resolved.source,
+    };
+
+    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    let mut envs = BTreeMap::new();
+    envs.insert(ENV_NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+
+    let mig = devices.iter().any(|d| is_mig_device(&d.uuid));
+    if mig {
+        return Ok(AllocationPlan {
+            pod: key,
+            pod_uid: uid,
+            container: name,
+            slot,
+            entry,
+            devices: devices.to_vec(),
+            mig: true,
+            delivery,
+            envs,
+            mounts: Vec::new(),
+            container_dir: None,
+            limits_file: None,
+            warnings,
+        });
+    }
+
+    // The variables HAMi-core reads, each validated through the limits file's writer, so that the
+    // environment and the file can never disagree and no unsafe value is ever emitted.
+    let mut limits = LimitsFile::new();
+    for (i, d) in devices.iter().enumerate() {
+        let mem = MemoryLimitMib::new(d.memory_mib).map_err(|e| {
+            value_err(LimitsFileError::UnsafeValue {
+                key: memory_limit_env(i),
+                value: d.memory_mib.to_string(),
+                reason: e.to_string(),
+            })
+        })?;
+        limits
+            .insert(memory_limit_env(i), mem.to_string())
+            .map_err(value_err)?;
+    }
+    // HAMi: the cores of the first device.
+    let cores = devices.first().map_or(0, |d| d.cores);
+    let sm = SmLimit::new(cores).map_err(|e| {
+        value_err(LimitsFileError::UnsafeValue {
+            key: ENV_CUDA_DEVICE_SM_LIMIT.to_owned(),
+            value: cores.to_string(),
+            reason: e.to_string(),
+        })
+    })?;
+    limits
+        .insert(ENV_CUDA_DEVICE_SM_LIMIT, sm.to_string())
+        .map_err(value_err)?;
+    let vgpu_dir = settings.vgpu_dir();
+    limits
+        .insert(
+            ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
+            vgpu_dir.join(USAGE_CACHE_FILE).display().to_string(),
+        )
+        .map_err(value_err)?;
+    if settings.memory_scaling > 1.0 {
+        limits
+            .insert(ENV_CUDA_OVERSUBSCRIBE, "true")
+            .map_err(value_err)?;
+    }
+    if let Some(level) = &settings.lib_cuda_log_level {
+        limits
+            .insert(ENV_LIBCUDA_LOG_LEVEL, level.clone())
+            .map_err(value_err)?;
+    }
+    if settings.disable_core_limit {
+        limits
+            .insert(ENV_GPU_CORE_UTILIZATION_POLICY, "disable")
+            .map_err(value_err)?;
+    }
+    // Everything above is injected as variables, in both modes.
+    for (k, v) in limits.iter() {
+        if k != hami_shared::names::ENV_HAMI_LIMITS_FORMAT {
+            envs.insert(k.to_owned(), v.to_owned());
+        }
+    }
+    // Copied from the container spec's literal env (the webhook set them) into the file only:
+    // the container already has them in its environment.
+    if let Some(v) = literal_env(container, ENV_CUDA_TASK_PRIORITY) {
+        match v.parse::<TaskPriority>() {
+            Ok(p) => {
+                limits
+                    .insert(ENV_CUDA_TASK_PRIORITY, p.to_string())
+                    .map_err(value_err)?;
+            }
+            Err(e) => warnings.push(format!(
+                "container {name}: {ENV_CUDA_TASK_PRIORITY}={v:?} not copied to the limits file: {e}"
+            )),
+        }
+    }
+    if !settings.disable_core_limit
+        && let Some(v) = literal_env(container, ENV_GPU_CORE_UTILIZATION_POLICY)
+        && let Err(e) = limits.insert(ENV_GPU_CORE_UTILIZATION_POLICY, v)
+    {
+        warnings.push(format!(
+            "container {name}: {ENV_GPU_CORE_UTILIZATION_POLICY} not copied to the limits file: {e}"
+        ));
+    }
+    if let Some(v) = literal_env(container, ENV_LIBVGPU_HOSTPID_BROKER)
+        && let Err(e) = limits.insert(ENV_LIBVGPU_HOSTPID_BROKER, v)
+    {
+        warnings.push(format!(
+            "container {name}: {ENV_LIBVGPU_HOSTPID_BROKER} not copied to the limits file: {e}"
+        ));
+    }
+
+    let containers_dir = settings.containers_dir();
+    let container_dir = containers_dir.join(container_dir_name(&uid, &name));
+    let vgpu_container_path = vgpu_dir.display().to_string();
+    let mut mounts = vec![
+        mount(
+            vgpu_dir.join(LIBVGPU_SO).display().to_string(),
+            libvgpu_host,
+            true,
+        ),
+        mount(vgpu_container_path, &container_dir, false),
+        mount(VGPU_LOCK_PATH, Path::new(VGPU_LOCK_PATH), false),
+    ];
+    let control_disabled =
+        literal_env(container, ENV_CUDA_DISABLE_CONTROL).is_some_and(go_parse_bool_true);
+    if !control_disabled {
+        mounts.push(mount(
+            LD_SO_PRELOAD_PATH,
+            &vgpu_dir.join(LD_SO_PRELOAD_FILE),
+            true,
+        ));
+    }
+    let limits_file = match resolved.delivery {
+        LimitDelivery::Env => None,
+        LimitDelivery::File => {
+            let file = PlannedFile {
+                dir: containers_dir,
+                file_name: limits_file_name(&uid, &name),
+                text: limits.render(),
+            };
+            mounts.push(mount(OVERRIDE_ENV_PATH, &file.path(), true));
+            Some(file)
+        }
+    };
+    Ok(AllocationPlan {
+        pod: key,
+        pod_uid: uid,
+        container: name,
+        slot,
+        entry,
+        devices: devices.to_vec(),
+        mig: false,
+        delivery,
+        envs,
+        mounts,
+        container_dir: Some(container_dir),
+        limits_file,
+        warnings,
+    })
+}
+
+/// Plans every container with a pending NVIDIA entry, in the order kubelet would allocate them
+/// (the dry run: no device count to check).
+pub fn plan_pod(
+    pod: &Pod,
+    settings: &AllocationSettings,
+    libvgpu_host: &Path,
+) -> Result<Vec<AllocationPlan>, PlanError> {
+    let key = pod_key(pod);
+    let Some(value) = annotation(pod, hami_shared::names::ANNOTATION_VGPU_DEVICES_TO_ALLOCATE)
+    else {
+        return Ok(Vec::new());
+    };
+    let mut devices =
+        PodDevices::decode(value).map_err(|source| PlanError::Codec { pod: key, source })?;
+    let mut plans = Vec::new();
+    while let Some((entry, wanted)) = devices.next_request() {
+        plans.push(plan_container(
+            pod,
+            entry,
+            &wanted,
+            None,
+            settings,
+            libvgpu_host,
+        )?);
+        devices.erase_nvidia(entry);
+    }
+    Ok(plans)
+}
+
+impl AllocationPlan {
+    /// The kubelet answer for this container.
+    pub fn response(&self) -> crate::api::v1beta1::ContainerAllocateResponse {
+        crate::api::v1beta1::ContainerAllocateResponse {
+            envs: self.envs.clone().into_iter().collect(),
+            mounts: self
+                .mounts
+                .iter()
+                .map(|m| crate::api::v1beta1::Mount {
+                    container_path: m.container_path.clone(),
+                    host_path: m.host_path.clone(),
+                    read_only: m.read_only,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+}
