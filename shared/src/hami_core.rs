@@ -243,7 +243,7 @@ fn trailing_warnings(
     }
     let rest = &text[n.end..];
     let suffix_len = usize::from(lv.scale != 1);
-    let junk = &rest[..rest.len() - suffix_len];
+    let junk = &rest[..rest.len().saturating_sub(suffix_len)];
     if junk.is_empty() {
         return;
     }
