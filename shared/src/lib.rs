@@ -7,6 +7,23 @@
 //! - [`hami_core`]: how HAMi-core really reads memory and SM values, with warnings.
 //! - [`publish`]: atomic publication of a file into a directory, and the leftover sweep.
 //! - [`config`]: layered configuration and HAMi-compatible device/node config files.
+//!
+//! ```
+//! use hami_shared::limits_file::{LimitsFile, parse};
+//! use hami_shared::values::{DeliverySource, LimitDelivery, MemoryLimitMib, SmLimit, resolve_limit_delivery};
+//!
+//! let mut file = LimitsFile::new();
+//! file.set_memory_limit(0, MemoryLimitMib::new(3000)?)?;
+//! file.set_sm_limit(SmLimit::new(50)?);
+//! file.insert("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/usage.cache")?;
+//! assert_eq!(file.render(), hami_shared::limits_file::EXAMPLE);
+//! assert!(parse(&file.render()).diagnostics.is_empty());
+//! assert!(file.insert("CUDA_DEVICE_MEMORY_LIMIT_1", "04000m").is_err()); // octal to HAMi-core
+//!
+//! let r = resolve_limit_delivery(Some("env"), None, Some(LimitDelivery::File));
+//! assert_eq!((r.delivery, r.source), (LimitDelivery::Env, DeliverySource::PodAnnotation));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod config;
