@@ -1389,3 +1389,38 @@ fn rendered_device_and_node_configs_load_with_the_plugins_loaders() {
         }
     }
 }
+
+#[test]
+fn rendered_webhook_settings_load_with_the_webhooks_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    for s in rendered().scenarios.values() {
+        if s.all::<ConfigMap>()
+            .iter()
+            .all(|c| c.name() != format!("{PREFIX}-webhook"))
+        {
+            continue;
+        }
+        let path = dir.path().join(format!("{}-webhook.yaml", s.name));
+        std::fs::write(
+            &path,
+            s.config_data(&format!("{PREFIX}-webhook"), "webhook.yaml"),
+        )
+        .unwrap();
+        let settings = hami_webhook::settings::Settings::load(Some(&path))
+            .unwrap_or_else(|e| panic!("{}: webhook.yaml refused by hami-webhook: {e}", s.name));
+        let loaded = serde_json::to_value(&settings).unwrap();
+        let mut rendered = s.webhook_settings();
+        // The webhook reads HAMi's whole device config and ignores the keys it has no use for
+        // (defaultMemory, deviceSplitCount, ...): compare only the ones it knows.
+        let nvidia = rendered.as_object_mut().unwrap().remove("nvidia").unwrap();
+        for (key, value) in loaded["nvidia"].as_object().unwrap() {
+            assert!(
+                same(&nvidia[key], value),
+                "{}: nvidia.{key}: rendered {}, loaded {value}",
+                s.name,
+                nvidia[key]
+            );
+        }
+        assert_known_keys(&format!("{}: webhook.yaml", s.name), &rendered, &loaded);
+    }
+}
