@@ -1424,3 +1424,64 @@ fn rendered_webhook_settings_load_with_the_webhooks_loader() {
         assert_known_keys(&format!("{}: webhook.yaml", s.name), &rendered, &loaded);
     }
 }
+
+#[test]
+fn device_plugin_args_and_env_are_what_its_cli_reads() {
+    use clap::{CommandFactory, Parser};
+    use hami_device_plugin::cli::{Cli, Command as PluginCommand};
+    let run = Cli::command()
+        .find_subcommand("run")
+        .cloned()
+        .expect("hami-device-plugin has `run`");
+    let env_read: BTreeSet<String> = run
+        .get_arguments()
+        .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        .collect();
+    for s in rendered().scenarios.values() {
+        for ds in s.all::<DaemonSet>() {
+            let c = container(pod_spec_of_daemonset(ds), "device-plugin");
+            let args = c.args.clone().unwrap();
+            let cli = Cli::try_parse_from(
+                std::iter::once("hami-device-plugin".to_owned()).chain(args.clone()),
+            )
+            .unwrap_or_else(|e| panic!("{}: hami-device-plugin refuses {args:?}: {e}", s.name));
+            let PluginCommand::Run(run_args) = cli.command else {
+                panic!("{}: not `run`", s.name)
+            };
+            assert_eq!(
+                run_args.source.config.as_deref(),
+                Some(Path::new(
+                    "/etc/hami-limits/device-config/device-config.yaml"
+                ))
+            );
+            assert_eq!(
+                run_args.source.node_config.as_deref(),
+                Some(Path::new("/etc/hami-limits/node-config/config.json"))
+            );
+            assert_eq!(
+                run_args.kubelet_dir,
+                Path::new("/var/lib/kubelet/device-plugins")
+            );
+            assert!(
+                run_args.source.inventory.is_none(),
+                "NVML, not an inventory file, in a cluster"
+            );
+            // Every variable the chart sets for the plugin is one its CLI reads (the others are
+            // for the logger and the NVIDIA runtime).
+            for e in c.env.iter().flatten() {
+                if matches!(
+                    e.name.as_str(),
+                    "RUST_LOG" | "NVIDIA_VISIBLE_DEVICES" | "NVIDIA_DRIVER_CAPABILITIES"
+                ) {
+                    continue;
+                }
+                assert!(
+                    env_read.contains(&e.name),
+                    "{}: the plugin does not read {}",
+                    s.name,
+                    e.name
+                );
+            }
+        }
+    }
+}
