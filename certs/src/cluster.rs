@@ -50,6 +50,7 @@ pub async fn create(
     client: Client,
     settings: &CreateSettings,
 ) -> Result<CreateOutcome, CertgenError> {
+    settings.validate()?;
     let secrets: Api<Secret> = Api::namespaced(client, &settings.namespace);
     let what = format!("Secret {}/{}", settings.namespace, settings.secret_name);
     for attempt in 1..=MAX_ATTEMPTS {

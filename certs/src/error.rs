@@ -11,6 +11,8 @@ pub enum CertgenError {
     },
     #[error("{what}: {reason}")]
     Parse { what: &'static str, reason: String },
+    #[error("{0}")]
+    Settings(String),
     #[error("no DNS names given for the serving certificate")]
     NoDnsNames,
     #[error("Secret {namespace}/{name}: key {key} is missing or empty")]

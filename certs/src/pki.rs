@@ -228,6 +228,51 @@ pub fn inspect(what: &'static str, pem_text: &str) -> Result<CertInfo, CertgenEr
     })
 }
 
+const PEM_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+const PEM_END: &str = "-----END CERTIFICATE-----";
+
+/// The certificate blocks of a PEM text, each as written (begin line to end line, newline-ended).
+pub fn certificate_blocks(text: &str) -> Vec<String> {
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(PEM_BEGIN) {
+        let Some(len) = rest[start..].find(PEM_END) else {
+            break;
+        };
+        let end = start + len + PEM_END.len();
+        blocks.push(format!("{}\n", &rest[start..end]));
+        rest = &rest[end..];
+    }
+    blocks
+}
+
+/// The `ca.crt` to publish: the signing CA first (what `Issuer` and [`inspect`] read), then every
+/// other CA certificate of `previous` that is still valid at `now`.
+///
+/// Keeping the outgoing CA while it is valid makes a CA rotation seamless: kube-apiserver trusts the
+/// caBundle it has until `patch` runs, and the webhook pods switch to the new serving certificate
+/// only when kubelet refreshes their Secret volume; with both CAs in the bundle either order works.
+/// Expired and duplicate certificates are dropped, so the bundle does not grow.
+pub fn trust_bundle(signing_ca_pem: &str, previous: &str, now: OffsetDateTime) -> String {
+    let signing = certificate_blocks(signing_ca_pem);
+    let mut out: Vec<String> = signing.iter().take(1).cloned().collect();
+    if out.is_empty() {
+        out.push(signing_ca_pem.to_owned());
+    }
+    for block in certificate_blocks(previous) {
+        if out.contains(&block) {
+            continue;
+        }
+        if let Ok(info) = inspect("ca.crt", &block)
+            && info.is_ca
+            && info.valid_for(now, Duration::ZERO)
+        {
+            out.push(block);
+        }
+    }
+    out.concat()
+}
+
 /// Checks that `leaf_pem` carries a valid signature by the key of `ca_pem`.
 pub fn verify_signed_by(leaf_pem: &str, ca_pem: &str) -> Result<(), CertgenError> {
     let leaf = parse_pem("tls.crt", leaf_pem)?;
@@ -323,6 +368,36 @@ mod tests {
         assert_eq!(
             inspect("tls.crt", &second.cert_pem).unwrap().not_after,
             later + Duration::days(1)
+        );
+    }
+
+    #[test]
+    fn trust_bundle_keeps_valid_previous_cas_after_the_signing_one() {
+        let old = new_ca(10, now()).unwrap();
+        let expired = new_ca(1, now() - Duration::days(5)).unwrap();
+        let new = new_ca(100, now()).unwrap();
+        let previous = format!("{}{}", old.cert_pem, expired.cert_pem);
+        let bundle = trust_bundle(&new.cert_pem, &previous, now());
+        assert_eq!(
+            certificate_blocks(&bundle),
+            vec![new.cert_pem.clone(), old.cert_pem.clone()]
+        );
+        assert_eq!(
+            inspect("ca.crt", &bundle).unwrap().public_key,
+            inspect("x", &new.cert_pem).unwrap().public_key
+        );
+        // Idempotent, and the signing CA is never duplicated.
+        assert_eq!(trust_bundle(&new.cert_pem, &bundle, now()), bundle);
+        // Once the old CA has expired it is dropped.
+        let later = now() + Duration::days(11);
+        assert_eq!(trust_bundle(&new.cert_pem, &bundle, later), new.cert_pem);
+        // Garbage in the previous text is ignored.
+        assert_eq!(trust_bundle(&new.cert_pem, "junk", now()), new.cert_pem);
+        // A serving certificate is not a CA: not kept.
+        let leaf = issue_serving(&old, &["a".into()], 5, now()).unwrap();
+        assert_eq!(
+            trust_bundle(&new.cert_pem, &leaf.cert_pem, now()),
+            new.cert_pem
         );
     }
 

@@ -35,6 +35,24 @@ pub struct CreateSettings {
 }
 
 impl CreateSettings {
+    /// Rejects lifetimes that would make every run renew: a serving certificate (or CA) that is
+    /// always inside its own renewal window.
+    pub fn validate(&self) -> Result<(), CertgenError> {
+        if self.cert_days <= self.renew_before_days {
+            return Err(CertgenError::Settings(format!(
+                "--cert-days={} must be greater than --renew-before-days={} (the certificate would be renewed on every run)",
+                self.cert_days, self.renew_before_days
+            )));
+        }
+        if self.ca_days <= self.renew_before_days {
+            return Err(CertgenError::Settings(format!(
+                "--ca-days={} must be greater than --renew-before-days={} (the CA would be replaced on every run)",
+                self.ca_days, self.renew_before_days
+            )));
+        }
+        Ok(())
+    }
+
     pub fn dns_names(&self) -> Vec<String> {
         pki::service_dns_names(&self.service, &self.namespace, &self.cluster_domain)
     }
@@ -187,10 +205,15 @@ pub fn plan(
             reason: Reason::Missing,
         });
     };
+    let previous_trust = text(secret, KEY_CA_CRT).unwrap_or_default();
     let ca = match usable_ca(secret, now, margin) {
-        Ok(ca) => ca,
+        Ok(mut ca) => {
+            ca.cert_pem = pki::trust_bundle(&ca.cert_pem, previous_trust, now);
+            ca
+        }
         Err(reason) => {
-            let bundle = pki::new_bundle(&names, settings.ca_days, settings.cert_days, now)?;
+            let mut bundle = pki::new_bundle(&names, settings.ca_days, settings.cert_days, now)?;
+            bundle.ca.cert_pem = pki::trust_bundle(&bundle.ca.cert_pem, previous_trust, now);
             return Ok(SecretPlan::Write {
                 bundle,
                 new_ca: true,
@@ -358,12 +381,33 @@ mod tests {
         let mut s = settings();
         s.ca_days = 40;
         s.cert_days = 5;
+        s.renew_before_days = 2;
         let (bundle, _, _) = written(plan(None, &s, t0()).unwrap());
         let secret = render(&bundle, &s, None);
-        let (_, new_ca, reason) =
-            written(plan(Some(&secret), &s, t0() + Duration::days(20)).unwrap());
+        let rotated_at = t0() + Duration::days(39);
+        let (rotated, new_ca, reason) = written(plan(Some(&secret), &s, rotated_at).unwrap());
         assert!(new_ca);
         assert_eq!(reason, Reason::CaExpiring);
+        // ca.crt: the new CA first (it signs), then the outgoing one while it is still valid, so
+        // the caBundle trusts whichever serving certificate the webhook presents mid-rotation.
+        let blocks = pki::certificate_blocks(&rotated.ca.cert_pem);
+        assert_eq!(blocks.len(), 2);
+        assert_ne!(blocks[0], bundle.ca.cert_pem);
+        assert_eq!(blocks[1], bundle.ca.cert_pem);
+        pki::verify_signed_by(&rotated.serving.cert_pem, &rotated.ca.cert_pem).unwrap();
+        let secret = render(&rotated, &s, Some(&secret));
+        assert_eq!(
+            plan(Some(&secret), &s, rotated_at).unwrap(),
+            SecretPlan::Keep
+        );
+        // When the serving certificate is next renewed, the expired old CA is dropped.
+        let (renewed, new_ca, _) =
+            written(plan(Some(&secret), &s, rotated_at + Duration::days(4)).unwrap());
+        assert!(!new_ca);
+        assert_eq!(
+            pki::certificate_blocks(&renewed.ca.cert_pem),
+            vec![blocks[0].clone()]
+        );
     }
 
     #[test]
@@ -426,6 +470,28 @@ mod tests {
         };
         let (_, new_ca, _) = written(plan(Some(&s), &settings(), t0()).unwrap());
         assert!(new_ca);
+    }
+
+    #[test]
+    fn lifetimes_inside_the_renewal_window_are_refused() {
+        assert!(settings().validate().is_ok());
+        let mut s = settings();
+        s.cert_days = 30;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--cert-days=30 must be greater than --renew-before-days=30"),
+            "{err}"
+        );
+        let mut s = settings();
+        s.ca_days = 20;
+        s.cert_days = 40;
+        s.renew_before_days = 25;
+        assert!(
+            s.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("--ca-days=20")
+        );
     }
 
     #[test]

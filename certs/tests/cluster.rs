@@ -205,6 +205,72 @@ async fn a_secret_without_its_ca_key_is_rebuilt_with_a_new_ca() {
 }
 
 #[tokio::test]
+async fn ca_rotation_keeps_the_outgoing_ca_trusted_until_it_expires() {
+    let server = ApiServer::start().await.unwrap();
+    server.seed(&webhook_config(&[None])).unwrap();
+    // A CA made ten years ago with ten days left: inside the 30-day window.
+    let then = OffsetDateTime::now_utc() - Duration::days(3650);
+    let old = pki::new_bundle(&settings().dns_names(), 3660, 3655, then).unwrap();
+    server
+        .seed(&hami_certgen::secret::render(&old, &settings(), None))
+        .unwrap();
+    cluster::patch(server.client(), NS, SECRET, CONFIG)
+        .await
+        .unwrap();
+
+    let outcome = cluster::create(server.client(), &settings()).await.unwrap();
+    assert_eq!(
+        outcome,
+        CreateOutcome::Updated {
+            reason: Reason::CaExpiring,
+            new_ca: true
+        }
+    );
+    let trust = data(&stored_secret(&server), "ca.crt");
+    let blocks = pki::certificate_blocks(&trust);
+    assert_eq!(blocks.len(), 2, "new CA, then the outgoing one");
+    assert_eq!(blocks[1], old.ca.cert_pem);
+    pki::verify_signed_by(&data(&stored_secret(&server), "tls.crt"), &trust).unwrap();
+
+    // The caBundle trusts both: the webhook may still present the old serving certificate until
+    // kubelet refreshes its Secret volume.
+    assert_eq!(
+        cluster::patch(server.client(), NS, SECRET, CONFIG)
+            .await
+            .unwrap(),
+        PatchOutcome::Patched { webhooks: 1 }
+    );
+    let stored = server
+        .get::<MutatingWebhookConfiguration>(None, CONFIG)
+        .unwrap()
+        .unwrap();
+    let bundle = &stored.webhooks.as_ref().unwrap()[0].client_config.ca_bundle;
+    assert_eq!(bundle.as_ref().unwrap().0, trust.as_bytes());
+}
+
+#[tokio::test]
+async fn settings_that_would_renew_on_every_run_are_refused() {
+    let server = ApiServer::start().await.unwrap();
+    let mut s = settings();
+    s.cert_days = 10;
+    let err = cluster::create(server.client(), &s)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--cert-days=10 must be greater than --renew-before-days=30"),
+        "{err}"
+    );
+    assert!(
+        server
+            .requests()
+            .iter()
+            .all(|r| r.resource.as_deref() != Some("secrets")),
+        "nothing read or written"
+    );
+}
+
+#[tokio::test]
 async fn lost_races_are_re_read_and_retried() {
     let server = ApiServer::start().await.unwrap();
     // Another Job created the Secret between our read and our create.

@@ -123,6 +123,14 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
 ]
 
 
+# Values the schema accepts but the templates refuse (relations between values): (what, overrides,
+# text the error must contain).
+TEMPLATE_REJECTS: list[tuple[str, dict, str]] = [
+    ("certDays inside the renewal window", {"certs": {"certDays": 30}}, "certs.certDays (30) must be greater"),
+    ("caDays inside the renewal window", {"certs": {"caDays": 20, "renewBeforeDays": 25, "certDays": 40}}, "certs.caDays (20)"),
+]
+
+
 class Failure(Exception):
     pass
 
@@ -174,6 +182,16 @@ def check_schema_rejects(chart: "helm.Chart") -> None:
         else:
             raise Failure(f"render accepted bad values ({what}): {json.dumps(overrides)}")
     print(f"schema: {len(BAD_VALUES)} bad value sets rejected by validation and by render")
+    for what, overrides, needle in TEMPLATE_REJECTS:
+        chart.validate_schema(overrides)
+        try:
+            chart.render(overrides, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        except helm.HelmError as e:
+            if needle not in str(e):
+                raise Failure(f"render ({what}): error does not say {needle!r}: {e}") from e
+        else:
+            raise Failure(f"render accepted {what}: {json.dumps(overrides)}")
+    print(f"templates: {len(TEMPLATE_REJECTS)} inconsistent value sets refused with a message")
 
 
 def check_defaults_match_values_yaml(chart: "helm.Chart") -> None:
