@@ -266,9 +266,14 @@ pub fn render(bundle: &CertBundle, settings: &CreateSettings, base: Option<&Secr
             ByteString(bundle.serving.key_pem.clone().into_bytes()),
         ),
     ]);
+    // A Secret's type is immutable: keep the existing one (an `Opaque` Secret made by hand takes
+    // these keys just as well) rather than fail the update.
+    let type_ = base
+        .and_then(|s| s.type_.clone())
+        .unwrap_or_else(|| "kubernetes.io/tls".to_owned());
     Secret {
         metadata: meta,
-        type_: Some("kubernetes.io/tls".to_owned()),
+        type_: Some(type_),
         data: Some(data),
         ..Secret::default()
     }
@@ -513,6 +518,26 @@ mod tests {
                 .get("team")
                 .map(String::as_str),
             Some("gpu")
+        );
+    }
+
+    #[test]
+    fn render_keeps_an_existing_secret_type() {
+        let (bundle, _, _) = written(plan(None, &settings(), t0()).unwrap());
+        let opaque = Secret {
+            type_: Some("Opaque".into()),
+            ..Secret::default()
+        };
+        assert_eq!(
+            render(&bundle, &settings(), Some(&opaque)).type_.as_deref(),
+            Some("Opaque")
+        );
+        let untyped = Secret::default();
+        assert_eq!(
+            render(&bundle, &settings(), Some(&untyped))
+                .type_
+                .as_deref(),
+            Some("kubernetes.io/tls")
         );
     }
 
