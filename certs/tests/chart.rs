@@ -532,6 +532,22 @@ fn every_reference_resolves_and_every_container_is_locked_down() {
                     s.name,
                     c.name
                 );
+                let caps = sc.capabilities.as_ref();
+                assert_eq!(
+                    caps.and_then(|c| c.drop.as_deref()),
+                    Some(&["ALL".to_owned()][..]),
+                    "{}: {owner}/{}",
+                    s.name,
+                    c.name
+                );
+                if c.name != "device-plugin" {
+                    assert!(
+                        caps.and_then(|c| c.add.as_ref()).is_none(),
+                        "{}: {owner}/{} adds capabilities",
+                        s.name,
+                        c.name
+                    );
+                }
                 assert!(
                     c.resources
                         .as_ref()
@@ -1049,9 +1065,12 @@ fn device_plugin_daemonset_and_least_privilege_rbac() {
     assert_eq!(env["HOOK_PATH"].value.as_deref(), Some("/usr/local"));
     let sc = c.security_context.as_ref().unwrap();
     assert_eq!(sc.privileged, Some(false));
+    let caps = sc.capabilities.as_ref().unwrap();
+    assert_eq!(caps.drop.as_deref().unwrap(), ["ALL"]);
     assert_eq!(
-        sc.capabilities.as_ref().unwrap().drop.as_deref().unwrap(),
-        ["ALL"]
+        caps.add.as_deref().unwrap(),
+        ["DAC_OVERRIDE", "FOWNER"],
+        "only what the folders need"
     );
 
     let volumes: BTreeMap<_, _> = pod
