@@ -64,7 +64,7 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
-/// The scaling the annotation applies.
+/// The scaling the annotation applies, and the node's operating mode.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Scaling {
     /// Shares per GPU.
@@ -73,6 +73,8 @@ pub struct Scaling {
     pub memory: f64,
     /// `deviceCoreScaling`.
     pub core: f64,
+    /// The node's operating mode (`hami-core` unless the node config says otherwise).
+    pub mode: &'static str,
 }
 
 /// HAMi's device type: the NVML name, prefixed `NVIDIA-` unless it already starts with `NVIDIA`.
@@ -96,7 +98,7 @@ pub fn device_info(gpu: &Gpu, scaling: Scaling) -> NodeDeviceInfo {
         devcore: (scaling.core * 100.0) as i32,
         device_type: device_type(&gpu.name),
         numa: gpu.numa_node.unwrap_or(0),
-        mode: MODE_HAMI_CORE.to_owned(),
+        mode: scaling.mode.to_owned(),
         health: gpu.healthy,
     }
 }
@@ -211,6 +213,7 @@ mod tests {
                 split_count: 5,
                 memory: 1.0,
                 core: 1.0,
+                mode: MODE_HAMI_CORE,
             },
         );
         assert_eq!(
@@ -237,6 +240,7 @@ mod tests {
                 split_count: 10,
                 memory: 1.5,
                 core: 2.0,
+                mode: MODE_HAMI_CORE,
             },
         );
         let infos: Vec<NodeDeviceInfo> = serde_json::from_str(&text).unwrap();

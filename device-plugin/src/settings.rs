@@ -1,5 +1,12 @@
 //! The plugin's resolved settings for this node: the global device config's `nvidia:` section
-//! with the node's `nodeconfig` entry applied over it.
+//! (`hami_shared::config::DeviceConfig`, layered defaults < file < `HAMI_NVIDIA__*` env) with
+//! the node's `nodeconfig` entry (`NodeConfigFile`, matched on the node name) applied over it.
+
+use std::path::Path;
+
+use hami_shared::config::{
+    ConfigError, DeviceConfig, NodeConfigEntry, NodeConfigFile, NvidiaConfig, OperatingMode,
+};
 
 use crate::inventory::DeviceFilter;
 use crate::node_register::Scaling;
@@ -9,67 +16,225 @@ use crate::node_register::Scaling;
 pub struct PluginSettings {
     /// `resourceCountName` (default `nvidia.com/gpu`).
     pub resource_name: String,
-    /// `deviceSplitCount` (default 10).
+    /// `deviceSplitCount`, node `devicesplitcount` over global.
     pub split_count: u32,
-    /// `deviceMemoryScaling` (default 1).
+    /// `deviceMemoryScaling`, node over global.
     pub memory_scaling: f64,
-    /// `deviceCoreScaling` (default 1).
+    /// `deviceCoreScaling`, node over global.
     pub core_scaling: f64,
-    /// `filterdevices` of the node's entry.
+    /// `filterdevices` of the node's entry: GPUs not advertised.
     pub filter: DeviceFilter,
-    /// `enablegetpreferredallocation`: announce and answer `GetPreferredAllocation`.
+    /// `enablegetpreferredallocation` of the node's entry (default true: it is implemented):
+    /// announce and answer `GetPreferredAllocation`.
     pub preferred_allocation: bool,
-    /// Attach NUMA topology to the kubelet devices.
+    /// Attach NUMA topology to the kubelet devices (`--enable-numa-topology`).
     pub numa_topology: bool,
+    /// `operatingmode` of the node's entry (default `hami-core`); also the `mode` of the node
+    /// annotation, as HAMi writes it.
+    pub operating_mode: OperatingMode,
+    /// The global `nvidia:` section with the node's overrides applied (for `Allocate`).
+    pub nvidia: NvidiaConfig,
+    /// The node's merged `nodeconfig` entry, if any (for `Allocate`: `limitdelivery`).
+    pub node: Option<NodeConfigEntry>,
 }
 
 impl Default for PluginSettings {
     fn default() -> Self {
-        Self {
-            resource_name: "nvidia.com/gpu".to_owned(),
-            split_count: 10,
-            memory_scaling: 1.0,
-            core_scaling: 1.0,
-            filter: DeviceFilter::default(),
-            preferred_allocation: true,
-            numa_topology: false,
-        }
+        Self::resolve(&DeviceConfig::default().nvidia, None)
     }
 }
 
+/// Configuration errors: the file or variable, the key, the value and what is accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// The device config or the node config is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A value is valid for HAMi's loader but unusable for the plugin.
+    #[error("{origin}: {key}: invalid value {value}: {reason}")]
+    Invalid {
+        /// The file or `defaults`.
+        origin: String,
+        /// The key.
+        key: &'static str,
+        /// The value.
+        value: String,
+        /// What would be accepted.
+        reason: &'static str,
+    },
+}
+
 impl PluginSettings {
+    /// The settings for a node from the global section and the node's entry.
+    pub fn resolve(global: &NvidiaConfig, node: Option<&NodeConfigEntry>) -> Self {
+        let nvidia = node.map_or_else(|| global.clone(), |n| global.with_node(n));
+        let filter = node
+            .and_then(|n| n.filter_devices.as_ref())
+            .map(|f| DeviceFilter {
+                uuids: f.uuid.clone(),
+                indices: f.index.clone(),
+            })
+            .unwrap_or_default();
+        Self {
+            resource_name: nvidia.resource_count_name.clone(),
+            split_count: nvidia.device_split_count,
+            memory_scaling: nvidia.device_memory_scaling,
+            core_scaling: nvidia.device_core_scaling,
+            filter,
+            preferred_allocation: node
+                .and_then(|n| n.enable_get_preferred_allocation)
+                .unwrap_or(true),
+            numa_topology: false,
+            operating_mode: node
+                .and_then(|n| n.operating_mode)
+                .unwrap_or(OperatingMode::HamiCore),
+            nvidia,
+            node: node.cloned(),
+        }
+    }
+
+    /// Loads the global device config (`config`, plus `HAMI_NVIDIA__*` variables) and the node
+    /// config, and applies the entry named `node_name`.
+    pub fn load(
+        config: Option<&Path>,
+        node_config: Option<&Path>,
+        node_name: Option<&str>,
+    ) -> Result<Self, SettingsError> {
+        let global = DeviceConfig::load(config)?;
+        let nodes = node_config.map(NodeConfigFile::load).transpose()?;
+        let entry = match (&nodes, node_name) {
+            (Some(nodes), Some(name)) => nodes.for_node(name),
+            _ => None,
+        };
+        let settings = Self::resolve(&global.nvidia, entry.as_ref());
+        let origin = || config.map_or_else(|| "defaults".to_owned(), |p| p.display().to_string());
+        if settings.split_count == 0 {
+            return Err(SettingsError::Invalid {
+                origin: origin(),
+                key: "deviceSplitCount",
+                value: "0".to_owned(),
+                reason: "expected a positive number of shares per GPU",
+            });
+        }
+        if settings
+            .resource_name
+            .rsplit('/')
+            .next()
+            .is_none_or(str::is_empty)
+            || !settings.resource_name.contains('/')
+        {
+            return Err(SettingsError::Invalid {
+                origin: origin(),
+                key: "nvidia.resourceCountName",
+                value: format!("{:?}", settings.resource_name),
+                reason: "expected an extended resource name <domain>/<name>, e.g. nvidia.com/gpu",
+            });
+        }
+        Ok(settings)
+    }
+
     /// The scaling the node annotation applies.
     pub fn scaling(&self) -> Scaling {
         Scaling {
             split_count: self.split_count,
             memory: self.memory_scaling,
             core: self.core_scaling,
+            mode: self.operating_mode.as_str(),
         }
     }
 }
 
-/// Configuration errors (the file, the key, the value and what is accepted).
-#[derive(Debug, thiserror::Error)]
-pub enum SettingsError {
-    /// Loading failed.
-    #[error("{0}")]
-    Config(String),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl PluginSettings {
-    /// Loads the global device config and the node config, and applies the entry for `node_name`.
-    pub fn load(
-        config: Option<&std::path::Path>,
-        node_config: Option<&std::path::Path>,
-        _node_name: Option<&str>,
-    ) -> Result<Self, SettingsError> {
-        // Wired to hami_shared::config once it lands.
-        if let Some(path) = config.or(node_config) {
-            return Err(SettingsError::Config(format!(
-                "{}: configuration files are not read yet",
-                path.display()
-            )));
-        }
-        Ok(Self::default())
+    fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn defaults_match_hamis_chart() {
+        let s = PluginSettings::default();
+        assert_eq!(s.resource_name, "nvidia.com/gpu");
+        assert_eq!(s.split_count, 10);
+        assert!((s.memory_scaling - 1.0).abs() < f64::EPSILON);
+        assert!(s.preferred_allocation);
+        assert_eq!(s.operating_mode, OperatingMode::HamiCore);
+    }
+
+    #[test]
+    fn node_entry_overrides_global() {
+        let dir = tempfile::tempdir().unwrap();
+        let global = write(
+            dir.path(),
+            "device-config.yaml",
+            "nvidia:\n  resourceCountName: example.com/vgpu\n  deviceSplitCount: 4\n  deviceMemoryScaling: 2\n",
+        );
+        let nodes = write(
+            dir.path(),
+            "config.json",
+            r#"{"nodeconfig":[{"name":"node-a","devicesplitcount":7,"devicecorescaling":1.5,"filterdevices":{"uuid":["GPU-x"],"index":[3]},"enablegetpreferredallocation":false},{"name":"node-b","devicesplitcount":2}]}"#,
+        );
+        let a = PluginSettings::load(Some(&global), Some(&nodes), Some("node-a")).unwrap();
+        assert_eq!(a.resource_name, "example.com/vgpu");
+        assert_eq!(a.split_count, 7);
+        assert!((a.memory_scaling - 2.0).abs() < f64::EPSILON);
+        assert!((a.core_scaling - 1.5).abs() < f64::EPSILON);
+        assert_eq!(
+            a.filter,
+            DeviceFilter {
+                uuids: vec!["GPU-x".into()],
+                indices: vec![3]
+            }
+        );
+        assert!(!a.preferred_allocation);
+        let other = PluginSettings::load(Some(&global), Some(&nodes), Some("node-c")).unwrap();
+        assert_eq!(other.split_count, 4);
+        assert_eq!(other.filter, DeviceFilter::default());
+    }
+
+    #[test]
+    fn errors_name_file_key_and_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let global = write(
+            dir.path(),
+            "device-config.yaml",
+            "nvidia:\n  deviceSplitCount: 0\n",
+        );
+        let err = PluginSettings::load(Some(&global), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("deviceSplitCount") && err.contains('0'),
+            "{err}"
+        );
+        let global = write(
+            dir.path(),
+            "bad.yaml",
+            "nvidia:\n  resourceCountName: gpu\n",
+        );
+        let err = PluginSettings::load(Some(&global), None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("resourceCountName") && err.contains("<domain>/<name>"),
+            "{err}"
+        );
+        let nodes = write(
+            dir.path(),
+            "config.json",
+            r#"{"nodeconfig":[{"name":"n","operatingmode":"turbo"}]}"#,
+        );
+        let err = PluginSettings::load(None, Some(&nodes), Some("n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("config.json")
+                && err.contains("turbo")
+                && err.contains("hami-core, mig, mps"),
+            "{err}"
+        );
     }
 }
