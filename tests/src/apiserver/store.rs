@@ -651,7 +651,7 @@ impl Store {
         }
         let m = meta_mut(&mut value)?;
         let keep = |m: &mut Map<String, Value>, k: &str, v: Value| {
-            if !m.get(k).is_some_and(|x| !x.is_null()) {
+            if m.get(k).is_none_or(Value::is_null) {
                 m.insert(k.into(), v);
             }
         };
