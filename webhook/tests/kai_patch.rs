@@ -1,0 +1,606 @@
+//! KAI pods end to end through `decide_pod`: every patch is applied with `json-patch` to the
+//! original pod and the result must deserialize into k8s-openapi's `Pod` with the expected env,
+//! volumes and mounts; the projected limits files must parse with no diagnostic (what
+//! `hami-limits check` runs); reviewing the patched pod again must change nothing and warn about
+//! nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use hami_shared::limits_file::parse;
+use hami_webhook::kai::{KaiSettings, PreloadContainers};
+use hami_webhook::settings::Settings;
+use hami_webhook::vram::{KaiMetrics, SharedVramIndex, VramIndex, VramSource};
+use hami_webhook::{Decision, decide_pod};
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde_json::{Value, json};
+
+const SMALL: &str = include_str!("fixtures/kai-fraction-small.json");
+const LARGE: &str = include_str!("fixtures/kai-fraction-large.json");
+
+fn object(review: &str) -> Value {
+    let v: Value = serde_json::from_str(review).unwrap();
+    v["request"]["object"].clone()
+}
+
+fn settings(vram: u64) -> Settings {
+    Settings {
+        kai: KaiSettings {
+            per_gpu_vram_mib: Some(vram),
+            ..KaiSettings::default()
+        },
+        ..Settings::default()
+    }
+}
+
+/// The outcome of one review.
+struct Mutated {
+    pod: Pod,
+    warnings: Vec<String>,
+    ops: Vec<Value>,
+}
+
+fn decide(pod: &Value, settings: &Settings) -> Decision {
+    let bytes = serde_json::to_vec(pod).unwrap();
+    let view: hami_webhook::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
+    decide_pod(&view, Some("ml-team"), settings)
+}
+
+fn denial(pod: &Value, settings: &Settings) -> String {
+    match decide(pod, settings) {
+        Decision::Deny { message } => message,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+/// Decide, apply, deserialize, and check that a second review is a no-op.
+fn mutate(pod: &Value, settings: &Settings) -> Mutated {
+    let Decision::Allow { patch, warnings } = decide(pod, settings) else {
+        panic!("denied: {:?}", decide(pod, settings));
+    };
+    let ops = serde_json::to_value(&patch).unwrap();
+    let parsed: json_patch::Patch = serde_json::from_value(ops.clone()).unwrap();
+    let mut doc = pod.clone();
+    json_patch::patch(&mut doc, &parsed).unwrap_or_else(|e| panic!("{e}: {ops:#}"));
+    let k8s: Pod = serde_json::from_value(doc.clone()).unwrap();
+    // Idempotent: a reinvocation on the mutated pod changes nothing and warns about nothing new.
+    match decide(&doc, settings) {
+        Decision::Allow {
+            patch: again,
+            warnings: again_warnings,
+        } => {
+            assert!(again.is_empty(), "second review patched: {again:?}");
+            assert_eq!(again_warnings, warnings, "second review warned differently");
+        }
+        other => panic!("second review: {other:?}"),
+    }
+    Mutated {
+        pod: k8s,
+        warnings,
+        ops: ops.as_array().cloned().unwrap_or_default(),
+    }
+}
+
+fn all_containers(pod: &Pod) -> Vec<&Container> {
+    let spec = pod.spec.as_ref().unwrap();
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .collect()
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> Vec<&'a str> {
+    c.env
+        .iter()
+        .flatten()
+        .filter(|e| e.name == name)
+        .map(|e| e.value.as_deref().unwrap_or("<valueFrom>"))
+        .collect()
+}
+
+fn mounts(c: &Container) -> Vec<(String, String, Option<String>, bool)> {
+    c.volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.name.clone(),
+                m.mount_path.clone(),
+                m.sub_path.clone(),
+                m.read_only.unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+fn preload_mounts() -> Vec<(String, String, Option<String>, bool)> {
+    vec![
+        (
+            "kai-resource-isolator-vgpu".into(),
+            "/usr/local/vgpu".into(),
+            None,
+            true,
+        ),
+        (
+            "kai-resource-isolator-vgpu".into(),
+            "/etc/ld.so.preload".into(),
+            Some("ld.so.preload".into()),
+            true,
+        ),
+    ]
+}
+
+fn limits_mount(container: &str) -> (String, String, Option<String>, bool) {
+    (
+        "hami-limits".into(),
+        "/overrideEnv".into(),
+        Some(container.into()),
+        true,
+    )
+}
+
+fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// Every projected file parses cleanly, and holds the limit and the format line.
+fn assert_clean_file(text: &str, limit: &str) {
+    let parsed = parse(text);
+    assert!(parsed.is_clean(), "{text:?}: {:?}", parsed.diagnostics);
+    assert_eq!(parsed.format, Some(1));
+    assert_eq!(
+        parsed
+            .entries
+            .get("CUDA_DEVICE_MEMORY_LIMIT")
+            .map(String::as_str),
+        Some(limit)
+    );
+}
+
+#[test]
+fn small_fraction_pod_gets_preload_env_and_file() {
+    let out = mutate(&object(SMALL), &settings(16384));
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    let spec = out.pod.spec.as_ref().unwrap();
+    let c = &spec.containers[0];
+    assert_eq!(env(c, "CUDA_DEVICE_MEMORY_LIMIT"), ["4096m"]);
+    let mut expected = vec![(
+        "kube-api-access-x7k2p".to_owned(),
+        "/var/run/secrets/kubernetes.io/serviceaccount".to_owned(),
+        None,
+        true,
+    )];
+    expected.extend(preload_mounts());
+    expected.push(limits_mount("train"));
+    assert_eq!(mounts(c), expected);
+    let volumes = spec.volumes.as_ref().unwrap();
+    let hook = volumes
+        .iter()
+        .find(|v| v.name == "kai-resource-isolator-vgpu")
+        .unwrap();
+    let hp = hook.host_path.as_ref().unwrap();
+    assert_eq!(
+        (hp.path.as_str(), hp.type_.as_deref()),
+        ("/usr/local/vgpu", Some("DirectoryOrCreate"))
+    );
+    let dv = volumes.iter().find(|v| v.name == "hami-limits").unwrap();
+    let da = dv.downward_api.as_ref().unwrap();
+    assert_eq!(da.default_mode, Some(0o444));
+    let items = da.items.as_ref().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].path, "train");
+    assert_eq!(
+        items[0].field_ref.as_ref().unwrap().field_path,
+        "metadata.annotations['limits.hami.io/train']"
+    );
+    let file = annotation(&out.pod, "limits.hami.io/train").unwrap();
+    assert_eq!(
+        file,
+        "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_LIMITS_FORMAT=1\n"
+    );
+    assert_clean_file(file, "4096m");
+    // The original annotations are kept.
+    assert_eq!(annotation(&out.pod, "gpu-fraction"), Some("0.25"));
+}
+
+#[test]
+fn large_pod_env_everywhere_preload_where_configured() {
+    for mode in [PreloadContainers::Fraction, PreloadContainers::All] {
+        let mut s = settings(16384);
+        s.kai.preload_containers = mode;
+        let out = mutate(&object(LARGE), &s);
+        let all = all_containers(&out.pod);
+        assert_eq!(all.len(), 44);
+        let first_regular = out.pod.spec.as_ref().unwrap().containers[0].name.clone();
+        for c in &all {
+            assert_eq!(env(c, "CUDA_DEVICE_MEMORY_LIMIT"), ["8192m"], "{}", c.name);
+            let m = mounts(c);
+            let preloaded = m
+                .iter()
+                .filter(|x| x.0 == "kai-resource-isolator-vgpu")
+                .count();
+            let expect = match mode {
+                PreloadContainers::All => 2,
+                PreloadContainers::Fraction if c.name == first_regular => 2,
+                PreloadContainers::Fraction => 0,
+            };
+            assert_eq!(preloaded, expect, "{} {mode:?}", c.name);
+            assert!(m.contains(&limits_mount(&c.name)), "{}", c.name);
+            let file = annotation(&out.pod, &format!("limits.hami.io/{}", c.name)).unwrap();
+            assert_clean_file(file, "8192m");
+        }
+        let spec = out.pod.spec.as_ref().unwrap();
+        let items = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "hami-limits")
+            .and_then(|v| v.downward_api.as_ref())
+            .and_then(|d| d.items.as_ref())
+            .unwrap();
+        assert_eq!(items.len(), 44);
+        // One volume each, never duplicated.
+        let names: Vec<&str> = spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(
+            names
+                .iter()
+                .filter(|n| **n == "kai-resource-isolator-vgpu")
+                .count(),
+            1
+        );
+        assert_eq!(names.iter().filter(|n| **n == "hami-limits").count(), 1);
+    }
+}
+
+#[test]
+fn bare_pod_gets_whole_arrays() {
+    // No annotations map besides KAI's, no volumes, no env, no volumeMounts, an init container.
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "bare", "annotations": {"gpu-memory": "04000", "gpu-fraction-container-name": "init"}},
+        "spec": {"schedulerName": "kai-scheduler",
+                 "initContainers": [{"name": "init", "image": "x"}],
+                 "containers": [{"name": "main", "image": "x"}]}
+    });
+    let out = mutate(&pod, &settings(16384));
+    let spec = out.pod.spec.as_ref().unwrap();
+    let init = &spec.init_containers.as_ref().unwrap()[0];
+    let main = &spec.containers[0];
+    // 04000 is 4000 MiB, never the octal 2048 of `04000m`.
+    assert_eq!(env(init, "CUDA_DEVICE_MEMORY_LIMIT"), ["4000m"]);
+    assert_eq!(env(main, "CUDA_DEVICE_MEMORY_LIMIT"), ["4000m"]);
+    let mut init_expected = preload_mounts();
+    init_expected.push(limits_mount("init"));
+    assert_eq!(mounts(init), init_expected);
+    assert_eq!(mounts(main), vec![limits_mount("main")]);
+    assert_eq!(spec.volumes.as_ref().unwrap().len(), 2);
+    // Whole arrays were added, never `…/-` on a missing array.
+    for op in &out.ops {
+        let path = op["path"].as_str().unwrap();
+        assert!(!path.ends_with("/-"), "{path}");
+    }
+}
+
+#[test]
+fn pod_without_annotations_object_is_not_kai_and_empty_arrays_are_replaced() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "c"}]}});
+    assert_eq!(decide(&pod, &settings(16384)), Decision::allow());
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "annotations": {"gpu-fraction": "0.5"}},
+        "spec": {"schedulerName": "kai-scheduler", "volumes": [],
+                 "containers": [{"name": "c", "env": [], "volumeMounts": []}]}});
+    let out = mutate(&pod, &settings(1000));
+    let c = &out.pod.spec.as_ref().unwrap().containers[0];
+    assert_eq!(env(c, "CUDA_DEVICE_MEMORY_LIMIT"), ["500m"]);
+    assert_eq!(mounts(c).len(), 3);
+}
+
+#[test]
+fn env_mode_adds_no_file() {
+    for how in ["annotation", "setting"] {
+        let mut pod = object(SMALL);
+        let mut s = settings(16384);
+        if how == "annotation" {
+            pod["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+        } else {
+            s.kai.limit_delivery = hami_shared::values::LimitDelivery::Env;
+        }
+        let out = mutate(&pod, &s);
+        let c = &out.pod.spec.as_ref().unwrap().containers[0];
+        assert_eq!(env(c, "CUDA_DEVICE_MEMORY_LIMIT"), ["4096m"], "{how}");
+        assert!(!mounts(c).iter().any(|m| m.1 == "/overrideEnv"), "{how}");
+        assert!(
+            !out.pod
+                .spec
+                .as_ref()
+                .unwrap()
+                .volumes
+                .iter()
+                .flatten()
+                .any(|v| v.name == "hami-limits")
+        );
+        assert!(annotation(&out.pod, "limits.hami.io/train").is_none());
+    }
+    // The pod annotation wins over the setting.
+    let mut pod = object(SMALL);
+    pod["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("file");
+    let mut s = settings(16384);
+    s.kai.limit_delivery = hami_shared::values::LimitDelivery::Env;
+    let out = mutate(&pod, &s);
+    assert!(annotation(&out.pod, "limits.hami.io/train").is_some());
+}
+
+#[test]
+fn containers_that_set_their_own_limit_get_no_env_and_no_file() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "p", "annotations": {"gpu-memory": "2000"}},
+    "spec": {"schedulerName": "kai-scheduler", "containers": [
+        {"name": "own", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1000m"}]},
+        {"name": "per-device", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1000m"}]},
+        {"name": "from-ref", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]},
+        {"name": "plain"}
+    ]}});
+    let out = mutate(&pod, &settings(16384));
+    let spec = out.pod.spec.as_ref().unwrap();
+    assert_eq!(
+        env(&spec.containers[0], "CUDA_DEVICE_MEMORY_LIMIT"),
+        ["1000m"]
+    );
+    assert_eq!(
+        env(&spec.containers[1], "CUDA_DEVICE_MEMORY_LIMIT"),
+        Vec::<&str>::new()
+    );
+    assert_eq!(
+        env(&spec.containers[2], "CUDA_DEVICE_MEMORY_LIMIT"),
+        ["<valueFrom>"]
+    );
+    assert_eq!(
+        env(&spec.containers[3], "CUDA_DEVICE_MEMORY_LIMIT"),
+        ["2000m"]
+    );
+    for name in ["own", "per-device", "from-ref"] {
+        assert!(
+            annotation(&out.pod, &format!("limits.hami.io/{name}")).is_none(),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        mounts(&spec.containers[1])
+            .iter()
+            .filter(|m| m.1 == "/overrideEnv")
+            .count(),
+        0
+    );
+    assert_eq!(
+        mounts(&spec.containers[3]).last(),
+        Some(&limits_mount("plain"))
+    );
+    assert_eq!(out.warnings.len(), 3, "{:?}", out.warnings);
+    assert!(
+        out.warnings[0].contains("\"own\" sets CUDA_DEVICE_MEMORY_LIMIT to \"1000m\""),
+        "{:?}",
+        out.warnings
+    );
+}
+
+#[test]
+fn spoofed_limits_annotations_are_overwritten_or_removed() {
+    let mut pod = object(SMALL);
+    let a = &mut pod["metadata"]["annotations"];
+    a["limits.hami.io/train"] = json!("CUDA_DEVICE_MEMORY_LIMIT=999999m\nHAMI_LIMITS_FORMAT=1\n");
+    a["limits.hami.io/ghost"] = json!("CUDA_DEVICE_MEMORY_LIMIT=999999m\n");
+    let out = mutate(&pod, &settings(16384));
+    assert_eq!(
+        annotation(&out.pod, "limits.hami.io/train"),
+        Some("CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_LIMITS_FORMAT=1\n")
+    );
+    assert_eq!(annotation(&out.pod, "limits.hami.io/ghost"), None);
+    // In env mode too: the webhook owns the prefix.
+    let mut pod = object(SMALL);
+    pod["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+    pod["metadata"]["annotations"]["limits.hami.io/train"] =
+        json!("CUDA_DEVICE_MEMORY_LIMIT=999999m\n");
+    let out = mutate(&pod, &settings(16384));
+    assert_eq!(annotation(&out.pod, "limits.hami.io/train"), None);
+}
+
+#[test]
+fn copied_variables_land_in_the_file_when_harmless() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "p", "annotations": {"gpu-memory": "3000"}},
+    "spec": {"schedulerName": "kai-scheduler", "containers": [
+        {"name": "a", "env": [
+            {"name": "CUDA_TASK_PRIORITY", "value": "0"},
+            {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+            {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/a.cache"}]},
+        {"name": "b", "env": [
+            {"name": "CUDA_TASK_PRIORITY", "value": "high"},
+            {"name": "GPU_CORE_UTILIZATION_POLICY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}
+    ]}});
+    let out = mutate(&pod, &settings(16384));
+    let a = annotation(&out.pod, "limits.hami.io/a").unwrap();
+    assert_eq!(
+        a,
+        "CUDA_DEVICE_MEMORY_LIMIT=3000m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/a.cache\nCUDA_TASK_PRIORITY=0\nGPU_CORE_UTILIZATION_POLICY=force\nHAMI_LIMITS_FORMAT=1\n"
+    );
+    assert_clean_file(a, "3000m");
+    let b = annotation(&out.pod, "limits.hami.io/b").unwrap();
+    assert_eq!(b, "CUDA_DEVICE_MEMORY_LIMIT=3000m\nHAMI_LIMITS_FORMAT=1\n");
+    assert_clean_file(b, "3000m");
+    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    assert!(
+        out.warnings[0].contains("CUDA_TASK_PRIORITY=\"high\" left out"),
+        "{:?}",
+        out.warnings
+    );
+}
+
+#[test]
+fn denials() {
+    let s = settings(16384);
+    let base = || object(SMALL);
+    let mut foreign = base();
+    foreign["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "mine", "mountPath": "/overrideEnv"}));
+    foreign["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "mine", "emptyDir": {}}));
+    assert_eq!(
+        denial(&foreign, &s),
+        "pod ml-team/train-: container \"train\" mounts volume \"mine\" at /overrideEnv, where HAMi-core reads the limits file; the path is reserved for hami-limits"
+    );
+    let mut reserved = base();
+    reserved["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "hami-limits", "configMap": {"name": "x"}}));
+    assert!(denial(&reserved, &s).contains("volume \"hami-limits\" is reserved"));
+    let mut hook = base();
+    hook["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "kai-resource-isolator-vgpu", "emptyDir": {}}));
+    assert!(denial(&hook, &s).contains("volume \"kai-resource-isolator-vgpu\" is reserved"));
+    let mut tiny = base();
+    tiny["metadata"]["annotations"]["gpu-fraction"] = json!("0.0001");
+    assert_eq!(
+        denial(&tiny, &settings(8000)),
+        "pod ml-team/train-: annotation gpu-fraction=\"0.0001\" of the per-GPU VRAM (8000 MiB) is below 1 MiB; a limit of 0 would mean unlimited to HAMi-core"
+    );
+    let mut nobody = base();
+    nobody["metadata"]["annotations"]["gpu-fraction-container-name"] = json!("nobody");
+    assert!(
+        denial(&nobody, &s).contains("gpu-fraction-container-name=\"nobody\" names no container")
+    );
+    let mut bad = base();
+    bad["metadata"]["annotations"]["gpu-fraction"] = json!("0x1p-2");
+    assert!(denial(&bad, &s).contains("gpu-fraction=\"0x1p-2\" is not a decimal number"));
+}
+
+#[test]
+fn opted_out_and_other_scheduler_pods_are_untouched() {
+    let mut pod = object(SMALL);
+    pod["metadata"]["annotations"]["kai-resource-isolator.io/inject"] = json!("False");
+    assert_eq!(decide(&pod, &settings(16384)), Decision::allow());
+    let mut pod = object(SMALL);
+    pod["spec"]["schedulerName"] = json!("default-scheduler");
+    assert_eq!(decide(&pod, &settings(16384)), Decision::allow());
+}
+
+fn node_source(nodes: Value) -> VramSource {
+    let index = VramIndex::from_node_list(nodes.to_string().as_bytes()).unwrap();
+    VramSource::Nodes(SharedVramIndex::fixed(index, KaiMetrics::default()))
+}
+
+#[test]
+fn basis_from_nodes_is_narrowed_by_placement() {
+    let nodes = json!({"kind": "NodeList", "items": [
+        {"metadata": {"name": "t4", "labels": {"nvidia.com/gpu.memory": "15360", "pool": "infer"}}},
+        {"metadata": {"name": "a100", "labels": {"nvidia.com/gpu.memory": "81920", "pool": "train"}}},
+        {"metadata": {"name": "mig", "labels": {"nvidia.com/gpu.memory": "9728", "pool": "train", "nvidia.com/mig.strategy": "single"}}}
+    ]});
+    let metrics = KaiMetrics::default();
+    let s = Settings {
+        kai: KaiSettings {
+            vram: node_source(nodes),
+            metrics: metrics.clone(),
+            ..KaiSettings::default()
+        },
+        ..Settings::default()
+    };
+    let limit = |pod: &Value| {
+        let out = mutate(pod, &s);
+        env(
+            &out.pod.spec.as_ref().unwrap().containers[0],
+            "CUDA_DEVICE_MEMORY_LIMIT",
+        )
+        .first()
+        .map(|s| (*s).to_owned())
+    };
+    let mut pod = object(SMALL);
+    // Unconstrained: the smallest GPU, the MIG slice: 9728 / 4.
+    assert_eq!(limit(&pod).as_deref(), Some("2432m"));
+    pod["spec"]["nodeSelector"] = json!({"pool": "train"});
+    assert_eq!(limit(&pod).as_deref(), Some("2432m"));
+    pod["spec"]["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/mig.strategy", "operator": "DoesNotExist"}]}]}}});
+    assert_eq!(limit(&pod).as_deref(), Some("20480m"));
+    let mut pinned = object(SMALL);
+    pinned["spec"]["nodeName"] = json!("t4");
+    assert_eq!(limit(&pinned).as_deref(), Some("3840m"));
+    // No GPU node matches: allowed, injected, no cap, a warning, a metric.
+    let mut nowhere = object(SMALL);
+    nowhere["spec"]["nodeSelector"] = json!({"pool": "cpu"});
+    let out = mutate(&nowhere, &s);
+    let c = &out.pod.spec.as_ref().unwrap().containers[0];
+    assert!(env(c, "CUDA_DEVICE_MEMORY_LIMIT").is_empty());
+    assert!(mounts(c).iter().any(|m| m.1 == "/etc/ld.so.preload"));
+    assert!(!mounts(c).iter().any(|m| m.1 == "/overrideEnv"));
+    assert_eq!(out.warnings.len(), 1);
+    assert!(
+        out.warnings[0].contains("GPU memory cap skipped"),
+        "{:?}",
+        out.warnings
+    );
+    assert!(
+        out.warnings[0].contains("no GPU node this pod can be placed on"),
+        "{:?}",
+        out.warnings
+    );
+    // Counted once per review (mutate() reviews twice).
+    let skipped = metrics
+        .caps_skipped
+        .get_or_create(&[("reason", "no-matching-node")])
+        .get();
+    assert_eq!(skipped, 2);
+}
+
+#[test]
+fn no_source_and_unsynced_index_skip_the_cap_with_a_reason() {
+    let s = Settings::default();
+    let out = mutate(&object(SMALL), &s);
+    assert!(
+        out.warnings[0].contains("no per-GPU VRAM basis is configured"),
+        "{:?}",
+        out.warnings
+    );
+    let s = Settings {
+        kai: KaiSettings {
+            vram: VramSource::Nodes(SharedVramIndex::new(KaiMetrics::default())),
+            ..KaiSettings::default()
+        },
+        ..Settings::default()
+    };
+    let out = mutate(&object(SMALL), &s);
+    assert!(
+        out.warnings[0].contains("has not been read yet"),
+        "{:?}",
+        out.warnings
+    );
+    // gpu-memory needs no basis.
+    let mut pod = object(SMALL);
+    let a = pod["metadata"]["annotations"].as_object_mut().unwrap();
+    a.remove("gpu-fraction");
+    a.insert("gpu-memory".into(), json!("1234"));
+    let out = mutate(&pod, &s);
+    assert!(out.warnings.is_empty());
+    assert_eq!(
+        env(
+            &out.pod.spec.as_ref().unwrap().containers[0],
+            "CUDA_DEVICE_MEMORY_LIMIT"
+        ),
+        ["1234m"]
+    );
+}
