@@ -3,7 +3,7 @@
 //! with fault injection for tests. See `tests/README.md` for what it supports.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), hami_tests::apiserver::ApiServerError> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use hami_tests::apiserver::ApiServer;
 //! use k8s_openapi::api::core::v1::Node;
 //! let server = ApiServer::start().await?;
