@@ -691,3 +691,102 @@ fn parse_continue(token: &str) -> Option<(u64, usize)> {
     let _rv: u64 = parts.next()?.parse().ok()?;
     Some((id, offset))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::resources::lookup;
+
+    fn node(name: &str) -> Value {
+        json!({"metadata": {"name": name, "labels": {"a": "b"}}})
+    }
+
+    #[test]
+    fn history_is_bounded_and_older_watches_expire() {
+        let rt = lookup("", "v1", "nodes").unwrap();
+        let mut store = Store::new(3);
+        for i in 0..5 {
+            store.create(rt, node(&format!("n{i}"))).unwrap();
+        }
+        let current = store.current_rv();
+        // Only the last 3 changes are kept: a watch must start at or after the 2nd change.
+        let oldest_ok = current - 3;
+        let w = store
+            .watch(rt, WatchFrom::After(oldest_ok), &Filter::default())
+            .unwrap();
+        assert_eq!(w.backlog.len(), 3);
+        let err = store
+            .watch(rt, WatchFrom::After(oldest_ok - 1), &Filter::default())
+            .unwrap_err();
+        assert_eq!((err.code, err.reason), (410, "Expired"));
+        store.compact();
+        let err = store
+            .watch(rt, WatchFrom::After(current - 1), &Filter::default())
+            .unwrap_err();
+        assert_eq!(err.code, 410);
+        assert!(
+            store
+                .watch(rt, WatchFrom::After(current), &Filter::default())
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn continue_tokens_read_a_snapshot_and_expire() {
+        let rt = lookup("", "v1", "nodes").unwrap();
+        let mut store = Store::new(100);
+        for i in 0..5 {
+            store.create(rt, node(&format!("n{i}"))).unwrap();
+        }
+        let first = store
+            .list_page(rt, &Filter::default(), Some(2), None)
+            .unwrap();
+        let token = first.continue_token.unwrap();
+        store.remove(rt, "", "n4");
+        let second = store
+            .list_page(rt, &Filter::default(), Some(10), Some(&token))
+            .unwrap();
+        assert_eq!(second.items.len(), 3);
+        assert_eq!(second.rv, first.rv);
+        assert!(second.continue_token.is_none());
+        for _ in 0..SNAPSHOTS_KEPT {
+            store
+                .list_page(rt, &Filter::default(), Some(1), None)
+                .unwrap();
+        }
+        let err = store
+            .list_page(rt, &Filter::default(), Some(2), Some(&token))
+            .unwrap_err();
+        assert_eq!(err.code, 410);
+        let err = store
+            .list_page(rt, &Filter::default(), Some(2), Some("garbage"))
+            .unwrap_err();
+        assert_eq!(err.code, 400);
+    }
+
+    #[test]
+    fn unchanged_update_writes_nothing_and_stale_version_conflicts() {
+        let rt = lookup("", "v1", "nodes").unwrap();
+        let mut store = Store::new(10);
+        let created = store.create(rt, node("n")).unwrap();
+        let same = store.update(rt, "", "n", |old| Ok(old.clone())).unwrap();
+        assert_eq!(same.rv, created.rv);
+        let err = store
+            .update(rt, "", "n", |old| {
+                let mut v = old.clone();
+                v["metadata"]["resourceVersion"] = json!("1");
+                v["metadata"]["labels"]["a"] = json!("c");
+                Ok(v)
+            })
+            .unwrap_err();
+        assert_eq!((err.code, err.reason), (409, "Conflict"));
+        let err = store
+            .update(rt, "", "n", |old| {
+                let mut v = old.clone();
+                v["metadata"]["name"] = json!("other");
+                Ok(v)
+            })
+            .unwrap_err();
+        assert_eq!(err.code, 422);
+    }
+}
