@@ -30,6 +30,17 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parses a command line (the program name first), for callers without `clap` in scope.
+    pub fn parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        <Self as Parser>::try_parse_from(args)
+    }
+}
+
 /// Sub-commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -338,6 +349,17 @@ pub async fn run(
     make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, CliError>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), CliError> {
+    run_with_client(args, None, make_allocate, shutdown).await
+}
+
+/// [`run`] with a given API server client (tests, embedding); without one, the client comes from
+/// the in-cluster service account or `KUBECONFIG` unless `--skip-node-register` is set.
+pub async fn run_with_client(
+    args: RunArgs,
+    client: Option<kube::Client>,
+    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, CliError>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), CliError> {
     let settings = load_settings(&args.source)?;
     let node_name = args
         .source
@@ -361,10 +383,10 @@ pub async fn run(
     for gpu in table.gpus() {
         tracing::info!(backend = inventory.backend(), gpu = %gpu.uuid, index = gpu.index, name = %gpu.name, memory_mib = gpu.memory_mib, "GPU advertised");
     }
-    let client = if args.skip_node_register {
-        None
-    } else {
-        Some(kube::Client::try_default().await?)
+    let client = match client {
+        _ if args.skip_node_register => None,
+        Some(client) => Some(client),
+        None => Some(kube::Client::try_default().await?),
     };
     let context = RunContext {
         node_name: node_name.clone(),

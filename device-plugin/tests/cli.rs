@@ -212,3 +212,108 @@ fn sigterm_removes_the_socket_and_exits_cleanly() {
     assert!(!socket.exists(), "socket left behind: {log}");
     assert!(log.contains("SIGTERM"), "{log}");
 }
+
+#[test]
+fn configuration_errors_name_the_file_key_and_value_and_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let config = dir.path().join("device-config.yaml");
+    std::fs::write(&config, "nvidia:\n  deviceMemoryScaling: -1\n").unwrap();
+    let out = plugin()
+        .args(["inventory", "--inventory"])
+        .arg(&inventory)
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains(&config.display().to_string())
+            && err.contains("nvidia.deviceMemoryScaling")
+            && err.contains("-1"),
+        "{err}"
+    );
+
+    let node_config = dir.path().join("config.json");
+    std::fs::write(
+        &node_config,
+        r#"{"nodeconfig":[{"name":"node-a","devicesplitcount":"ten"}]}"#,
+    )
+    .unwrap();
+    let out = plugin()
+        .args(["inventory", "--node-name", "node-a", "--inventory"])
+        .arg(&inventory)
+        .arg("--node-config")
+        .arg(&node_config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("config.json") && err.contains("devicesplitcount") && err.contains("ten"),
+        "{err}"
+    );
+
+    let out = plugin()
+        .args(["inventory", "--inventory"])
+        .arg(&inventory)
+        .env("HAMI_NVIDIA__DEVICESPLITCOUNT", "x")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HAMI_NVIDIA__DEVICESPLITCOUNT"));
+}
+
+#[test]
+fn node_config_applies_to_the_named_node_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let node_config = dir.path().join("config.json");
+    std::fs::write(
+        &node_config,
+        r#"{"nodeconfig":[{"name":"node-a","devicesplitcount":2,"filterdevices":{"uuid":["GPU-11111111-aaaa-4000-8000-000000000001"]}}]}"#,
+    )
+    .unwrap();
+    let report = |node: &str| -> serde_json::Value {
+        let out = plugin()
+            .args(["inventory", "--json", "--node-name", node, "--inventory"])
+            .arg(&inventory)
+            .arg("--node-config")
+            .arg(&node_config)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let a = report("node-a");
+    assert_eq!(a["kubeletDevices"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        a["skipped"][0]["reason"],
+        "excluded by filterdevices in the node config"
+    );
+    let b = report("node-b");
+    assert_eq!(b["kubeletDevices"].as_array().unwrap().len(), 20);
+
+    // Everything filtered out is an error, not an empty plugin.
+    std::fs::write(
+        &node_config,
+        r#"{"nodeconfig":[{"name":"node-a","filterdevices":{"index":[0,1]}}]}"#,
+    )
+    .unwrap();
+    let out = plugin()
+        .args(["inventory", "--node-name", "node-a", "--inventory"])
+        .arg(&inventory)
+        .arg("--node-config")
+        .arg(&node_config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no GPU to advertise: 2 found, all left out")
+    );
+}

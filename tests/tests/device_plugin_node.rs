@@ -1,0 +1,320 @@
+//! The node handshake for the HAMi scheduler (`hami.io/node-nvidia-register`) against the
+//! in-process API server: exact bytes, the scheduler's reading of them, updates on health changes,
+//! repair when someone strips the annotation, no patch when nothing changed, retries after API
+//! errors; and the whole `run` path (fake kubelet + API server + inventory file).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hami_device_plugin::cli::{Cli, CliError, Command, RunContext};
+use hami_device_plugin::devices::DeviceTable;
+use hami_device_plugin::inventory::{DeviceFilter, Gpu};
+use hami_device_plugin::node_register::{
+    ANNOTATION_NODE_NVIDIA_REGISTER, MODE_HAMI_CORE, NodeRegisterConfig, Scaling,
+    register_annotation, run_node_register,
+};
+use hami_device_plugin::service::{AllocateHandler, VisibleDevicesOnly};
+use hami_tests::apiserver::{ApiServer, Fault, RequestMatch, Verb};
+use hami_tests::kubelet::FakeKubelet;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use serde::Deserialize;
+use tokio::sync::{oneshot, watch};
+
+const WAIT: Duration = Duration::from_secs(10);
+const NODE: &str = "gpu-node-a";
+
+/// The HAMi scheduler's `util.DeviceInfo` as Go's encoding/json fills it: missing fields are zero.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct SchedulerDeviceInfo {
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    index: u32,
+    #[serde(default)]
+    count: i32,
+    #[serde(default)]
+    devmem: i32,
+    #[serde(default)]
+    devcore: i32,
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    numa: i64,
+    #[serde(default)]
+    mode: String,
+    #[serde(default)]
+    health: bool,
+}
+
+fn gpu(uuid: &str, index: u32, name: &str, mib: u64, numa: Option<i64>) -> Gpu {
+    Gpu {
+        uuid: uuid.into(),
+        index,
+        name: name.into(),
+        memory_mib: mib,
+        numa_node: numa,
+        mig_enabled: false,
+        healthy: true,
+    }
+}
+
+fn node() -> Node {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": NODE, "annotations": { "other": "kept" } }
+    }))
+    .unwrap()
+}
+
+async fn annotation(server: &ApiServer) -> Option<String> {
+    let node: Node = server.get(None, NODE).unwrap()?;
+    node.metadata
+        .annotations?
+        .get(ANNOTATION_NODE_NVIDIA_REGISTER)
+        .cloned()
+}
+
+/// Awaits the node annotation to equal `want` (re-reading on every API change).
+async fn wait_for_annotation(server: &ApiServer, want: Option<&str>) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = annotation(server).await;
+        if now.as_deref() == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "annotation is {now:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn scaling() -> Scaling {
+    Scaling {
+        split_count: 10,
+        memory: 1.5,
+        core: 1.0,
+        mode: MODE_HAMI_CORE,
+    }
+}
+
+fn config(interval_ms: u64) -> NodeRegisterConfig {
+    NodeRegisterConfig {
+        node_name: NODE.to_owned(),
+        interval: Duration::from_millis(interval_ms),
+        retry: Duration::from_millis(20),
+        scaling: scaling(),
+    }
+}
+
+fn table() -> DeviceTable {
+    let gpus = vec![
+        gpu("GPU-aaaa", 0, "NVIDIA H200", 143_771, Some(0)),
+        gpu("GPU-bbbb", 1, "Tesla P4", 7680, Some(1)),
+    ];
+    DeviceTable::build(gpus, &DeviceFilter::default(), 10, false)
+        .unwrap()
+        .0
+}
+
+#[tokio::test]
+async fn publishes_the_annotation_the_scheduler_reads_and_keeps_it_current() {
+    let server = ApiServer::start().await.unwrap();
+    server.seed(&node()).unwrap();
+    let (tables, rx) = watch::channel(table());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(run_node_register(server.client(), config(50), rx, async {
+        let _ = stopped.await;
+    }));
+
+    let expected = concat!(
+        r#"[{"id":"GPU-aaaa","count":10,"devmem":215656,"devcore":100,"type":"NVIDIA H200","mode":"hami-core","health":true},"#,
+        r#"{"id":"GPU-bbbb","index":1,"count":10,"devmem":11520,"devcore":100,"type":"NVIDIA-Tesla P4","numa":1,"mode":"hami-core","health":true}]"#
+    );
+    wait_for_annotation(&server, Some(expected)).await;
+    let node: Node = server.get(None, NODE).unwrap().unwrap();
+    assert_eq!(
+        node.metadata
+            .annotations
+            .unwrap()
+            .get("other")
+            .map(String::as_str),
+        Some("kept"),
+        "merge patch keeps other annotations"
+    );
+
+    // What the HAMi scheduler decodes.
+    let seen: Vec<SchedulerDeviceInfo> = serde_json::from_str(expected).unwrap();
+    assert_eq!(
+        seen[1],
+        SchedulerDeviceInfo {
+            id: "GPU-bbbb".into(),
+            index: 1,
+            count: 10,
+            devmem: 11_520,
+            devcore: 100,
+            kind: "NVIDIA-Tesla P4".into(),
+            numa: 1,
+            mode: "hami-core".into(),
+            health: true,
+        }
+    );
+    assert_eq!(
+        (seen[0].index, seen[0].numa),
+        (0, 0),
+        "omitted zeros read back as zero"
+    );
+
+    // Unchanged: the loop only reads. Await two more checks and look for patches.
+    server.clear_requests();
+    let deadline = Instant::now() + WAIT;
+    while server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Get && r.resource.as_deref() == Some("nodes"))
+        .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no periodic check");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !server.requests().iter().any(|r| r.verb == Verb::Patch),
+        "patched although unchanged: {:?}",
+        server.requests()
+    );
+
+    // A health change is published without waiting for the interval.
+    tables.send_modify(|t| {
+        t.set_health("GPU-bbbb", false);
+    });
+    let unhealthy = register_annotation(&tables.borrow(), scaling());
+    assert!(
+        unhealthy.ends_with(r#""numa":1,"mode":"hami-core"}]"#),
+        "{unhealthy}"
+    );
+    wait_for_annotation(&server, Some(&unhealthy)).await;
+    let seen: Vec<SchedulerDeviceInfo> = serde_json::from_str(&unhealthy).unwrap();
+    assert!(seen[0].health && !seen[1].health);
+
+    // Someone removes it: it comes back at the next check.
+    let nodes: Api<Node> = Api::all(server.client());
+    let strip = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_NODE_NVIDIA_REGISTER: null } } });
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&strip))
+        .await
+        .unwrap();
+    wait_for_annotation(&server, Some(&unhealthy)).await;
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn api_errors_are_retried() {
+    let server = ApiServer::start().await.unwrap();
+    server.seed(&node()).unwrap();
+    server.fail_next(
+        RequestMatch::new(Verb::Patch, "nodes"),
+        2,
+        Fault::Status(500),
+    );
+    let (_tables, rx) = watch::channel(table());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(run_node_register(
+        server.client(),
+        config(60_000),
+        rx,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    // With a 60 s interval, only the 20 ms retry can bring the annotation in time.
+    let want = register_annotation(&table(), scaling());
+    wait_for_annotation(&server, Some(&want)).await;
+    let patches = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Patch)
+        .count();
+    assert_eq!(patches, 3, "two failures, then success");
+    stop.send(()).unwrap();
+    tokio::time::timeout(WAIT, task).await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServer::start().await.unwrap();
+    server.seed(&node()).unwrap();
+    let kubelet = FakeKubelet::start(dir.path()).await.unwrap();
+    let inventory = dir.path().join("inventory.yaml");
+    std::fs::write(&inventory, "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 143771}\n- {uuid: GPU-bbbb, name: NVIDIA H200, memoryMib: 143771}\n").unwrap();
+    let config = dir.path().join("device-config.yaml");
+    std::fs::write(&config, "nvidia:\n  resourceCountName: nvidia.com/gpu\n  deviceSplitCount: 3\n  deviceMemoryScaling: 1\n").unwrap();
+    let node_config = dir.path().join("config.json");
+    std::fs::write(&node_config, format!(r#"{{"nodeconfig":[{{"name":"{NODE}","filterdevices":{{"index":[1]}},"devicesplitcount":2}}]}}"#)).unwrap();
+    let cli = Cli::parse_args([
+        "hami-device-plugin".as_ref(),
+        "run".as_ref(),
+        "--node-name".as_ref(),
+        NODE.as_ref(),
+        "--kubelet-dir".as_ref(),
+        dir.path().as_os_str(),
+        "--inventory".as_ref(),
+        inventory.as_os_str(),
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--node-config".as_ref(),
+        node_config.as_os_str(),
+        "--register-interval".as_ref(),
+        "0.05".as_ref(),
+    ] as [&std::ffi::OsStr; 14])
+    .unwrap();
+    let Command::Run(args) = cli.command else {
+        panic!("not run")
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let make = |_: &RunContext| -> Result<Arc<dyn AllocateHandler>, CliError> {
+        Ok(Arc::new(VisibleDevicesOnly))
+    };
+    let plugin = tokio::spawn(hami_device_plugin::cli::run_with_client(
+        args,
+        Some(server.client()),
+        make,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let registration = kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    let ids: Vec<&str> = registration
+        .devices()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        ["GPU-aaaa-0", "GPU-aaaa-1"],
+        "node entry: GPU index 1 filtered, split 2"
+    );
+    wait_for_annotation(
+        &server,
+        Some(r#"[{"id":"GPU-aaaa","count":2,"devmem":143771,"devcore":100,"type":"NVIDIA H200","mode":"hami-core","health":true}]"#),
+    )
+    .await;
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(WAIT, plugin)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!dir.path().join("nvidia-gpu.sock").exists());
+}
