@@ -348,3 +348,50 @@ async fn streaming_list_initial_events() {
     server.remove::<Node>(None, &fixtures::node_name(3));
     converged(&server, &store).await;
 }
+
+/// Why the server answers an expired watch with an ERROR event rather than an HTTP 410: kube's
+/// watcher treats a failed watch start as transient and retries the same resourceVersion (it does
+/// not re-list), so only the in-stream 410 makes it re-list.
+#[tokio::test]
+async fn http_410_at_watch_start_is_retried_with_the_same_version() {
+    use hami_tests::apiserver::{Fault, RequestMatch};
+    let server = ApiServer::start().await.unwrap();
+    server.seed_all(fixtures::gpu_nodes(2).unwrap()).unwrap();
+    let store = reflect(&server, watcher::Config::default()).await;
+    tokio::time::timeout(WAIT, server.wait_for_watchers::<Node>(1))
+        .await
+        .unwrap();
+    server.clear_requests();
+    server.fail_next(
+        RequestMatch::new(Verb::Watch, "nodes"),
+        1,
+        Fault::Status(410),
+    );
+    server.close_watches();
+    server
+        .seed(&fixtures::gpu_node("later", 2).unwrap())
+        .unwrap();
+    converged(&server, &store).await;
+    let watches: Vec<String> = server
+        .requests()
+        .iter()
+        .filter(|r| r.verb == Verb::Watch)
+        .map(|r| r.query.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        count(&server, Verb::List),
+        0,
+        "no re-list after an HTTP 410"
+    );
+    assert!(watches.len() >= 2, "{watches:?}");
+    let rv = |q: &str| {
+        q.split('&')
+            .find(|kv| kv.starts_with("resourceVersion="))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        rv(&watches[0]),
+        rv(&watches[1]),
+        "the failed watch was retried with the same version"
+    );
+}
