@@ -16,6 +16,30 @@ use crate::inventory::{Gpu, GpuInventory, HealthEvent, InventoryError};
 /// cleanup, video processor exceptions, context switch timeouts).
 pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
+/// Env variable (NVIDIA's and HAMi's): `all` or `xids` turns health checks off; otherwise a
+/// comma-separated list of further Xids to ignore.
+pub const ENV_DISABLE_HEALTHCHECKS: &str = "DP_DISABLE_HEALTHCHECKS";
+
+/// What `DP_DISABLE_HEALTHCHECKS` asks for: `None` = no health checks, else the extra Xids to
+/// ignore. Unparsable items are ignored, as NVIDIA's plugin does.
+pub fn health_check_policy(value: Option<&str>) -> Option<Vec<u64>> {
+    let Some(value) = value else {
+        return Some(Vec::new());
+    };
+    let items: Vec<&str> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    if items
+        .iter()
+        .any(|i| i.eq_ignore_ascii_case("all") || i.eq_ignore_ascii_case("xids"))
+    {
+        return None;
+    }
+    Some(items.iter().filter_map(|i| i.parse().ok()).collect())
+}
+
 /// GPUs from NVML.
 #[derive(Clone)]
 pub struct NvmlInventory {
@@ -107,11 +131,16 @@ impl GpuInventory for NvmlInventory {
         gpus: &[Gpu],
         events: mpsc::UnboundedSender<HealthEvent>,
     ) -> Result<(), InventoryError> {
+        let setting = std::env::var(ENV_DISABLE_HEALTHCHECKS).ok();
+        let Some(ignored) = health_check_policy(setting.as_deref()) else {
+            tracing::warn!(env = ENV_DISABLE_HEALTHCHECKS, "GPU health checks disabled");
+            return Ok(());
+        };
         let nvml = Arc::clone(&self.nvml);
         let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
         std::thread::Builder::new()
             .name("nvml-health".to_owned())
-            .spawn(move || watch_xids(&nvml, &uuids, &events))
+            .spawn(move || watch_xids(&nvml, &uuids, &ignored, &events))
             .map_err(|e| {
                 InventoryError::NvmlUnavailable(format!("cannot start the health thread: {e}"))
             })?;
@@ -121,7 +150,12 @@ impl GpuInventory for NvmlInventory {
 
 /// Blocks on NVML critical-Xid events; a GPU with a critical, non-application Xid is reported
 /// unhealthy (once: like HAMi, it does not come back until the plugin restarts).
-fn watch_xids(nvml: &Nvml, uuids: &[String], events: &mpsc::UnboundedSender<HealthEvent>) {
+fn watch_xids(
+    nvml: &Nvml,
+    uuids: &[String],
+    ignored: &[u64],
+    events: &mpsc::UnboundedSender<HealthEvent>,
+) {
     let mut set = match nvml.create_event_set() {
         Ok(set) => set,
         Err(error) => {
@@ -163,7 +197,7 @@ fn watch_xids(nvml: &Nvml, uuids: &[String], events: &mpsc::UnboundedSender<Heal
             Some(XidError::Value(x)) => Some(x),
             Some(XidError::Unknown) | None => None,
         };
-        if xid.is_some_and(|x| APPLICATION_XIDS.contains(&x)) {
+        if xid.is_some_and(|x| APPLICATION_XIDS.contains(&x) || ignored.contains(&x)) {
             continue;
         }
         let Ok(uuid) = data.device.uuid() else {
@@ -193,6 +227,14 @@ fn watch_xids(nvml: &Nvml, uuids: &[String], events: &mpsc::UnboundedSender<Heal
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disable_healthchecks_setting() {
+        assert_eq!(health_check_policy(None), Some(vec![]));
+        assert_eq!(health_check_policy(Some("all")), None);
+        assert_eq!(health_check_policy(Some("48, XIDS")), None);
+        assert_eq!(health_check_policy(Some("48, 79,x")), Some(vec![48, 79]));
+    }
 
     #[test]
     fn numa_node_of_a_missing_device_is_none() {
