@@ -104,6 +104,18 @@ pub fn mutate_command(input: &[u8], output: MutateOutput, settings: &Settings) -
                     }
                 }
             };
+            // KAI file delivery: the limits files the downward-API volume would project.
+            for (container, text) in crate::kai::downward::projected_files(&patch) {
+                stderr.push_str(&format!(
+                    "limits file for container {container:?} (read-only at {}):\n",
+                    hami_shared::names::OVERRIDE_ENV_PATH
+                ));
+                for line in text.lines() {
+                    stderr.push_str("  ");
+                    stderr.push_str(line);
+                    stderr.push('\n');
+                }
+            }
             if patch.is_empty() {
                 stderr.push_str("unchanged: the webhook would admit this pod as is\n");
             }

@@ -46,6 +46,8 @@ struct ConfigArg {
 struct ServeArgs {
     #[command(flatten)]
     config: ConfigArg,
+    #[command(flatten)]
+    vram: hami_webhook::vram::VramArgs,
     /// HTTPS address for /mutate (server.listen; default 0.0.0.0:9443, with --dev 127.0.0.1:9443).
     #[arg(long, env = "HAMI_SERVER__LISTEN")]
     listen: Option<SocketAddr>,
@@ -72,6 +74,8 @@ struct ServeArgs {
 struct ReviewArgs {
     #[command(flatten)]
     config: ConfigArg,
+    #[command(flatten)]
+    vram: hami_webhook::vram::VramArgs,
     /// The AdmissionReview file; stdin when absent or `-`.
     #[arg(short = 'f', long = "file")]
     file: Option<PathBuf>,
@@ -81,6 +85,8 @@ struct ReviewArgs {
 struct MutateArgs {
     #[command(flatten)]
     config: ConfigArg,
+    #[command(flatten)]
+    vram: hami_webhook::vram::VramArgs,
     /// The Pod (YAML or JSON); `-` for stdin.
     #[arg(short = 'f', long = "file")]
     file: PathBuf,
@@ -109,6 +115,16 @@ fn main() -> ExitCode {
         settings.server.log_format = f;
     }
     init_logging(settings.server.log_format);
+    // KAI: the per-GPU VRAM basis (PER_GPU_VRAM_MIB, --nodes, or the server's node watch).
+    let (vram, watch) = match &cli.command {
+        Command::Serve(a) => (&a.vram, true),
+        Command::Review(a) => (&a.vram, false),
+        Command::Mutate(a) => (&a.vram, false),
+    };
+    let kai_metrics = settings.kai.metrics.clone();
+    if let Err(e) = hami_webhook::vram::configure(&mut settings, vram, watch, &kai_metrics) {
+        return fail(&e);
+    }
     match cli.command {
         Command::Serve(args) => serve(args, settings),
         Command::Review(args) => {

@@ -113,6 +113,11 @@ impl Metrics {
         }
     }
 
+    /// The registry, for components that add their own metrics (KAI) before serving.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// Count one answered review and its latency.
     pub fn observe_review(&self, outcome: Outcome, elapsed: Duration) {
         match outcome {

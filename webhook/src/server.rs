@@ -365,8 +365,16 @@ pub async fn run(
     certs: CertSource,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::tls::TlsError> {
-    let metrics = Arc::new(Metrics::new());
-    let readiness = Readiness::new(&[crate::metrics::READY_CERTIFICATE]);
+    let mut metrics = Metrics::new();
+    settings.kai.metrics.register(metrics.registry_mut());
+    let metrics = Arc::new(metrics);
+    // KAI: the node watch, when the per-GPU VRAM is detected; not ready before the first list.
+    let node_index = settings.kai.vram.index_to_watch().cloned();
+    let mut conditions = vec![crate::metrics::READY_CERTIFICATE];
+    if node_index.is_some() {
+        conditions.push(crate::vram::READY_NODES);
+    }
+    let readiness = Readiness::new(&conditions);
     let store = match certs {
         CertSource::Files { cert, key } => {
             crate::tls::CertStore::from_files(cert, key, Arc::clone(&metrics), readiness.clone())
@@ -385,6 +393,14 @@ pub async fn run(
     };
     let reload =
         tokio::spawn(Arc::clone(&store).watch(settings.server.cert_reload_interval(), stopped()));
+    let node_watch = node_index.map(|index| {
+        tokio::spawn(crate::vram::watch_cluster(
+            index,
+            settings.kai.node_label_selector.clone(),
+            readiness.clone(),
+            stopped(),
+        ))
+    });
     let ops = tokio::spawn(serve_plain(
         ops_listener,
         ops_router(Arc::clone(&metrics), readiness),
@@ -405,6 +421,9 @@ pub async fn run(
     );
     let result = admission.await;
     let _ = reload.await;
+    if let Some(w) = node_watch {
+        let _ = w.await;
+    }
     match ops.await {
         Ok(Err(e)) => warn!(error = %e, "metrics server ended with an error"),
         Err(e) => warn!(error = %e, "metrics server task failed"),

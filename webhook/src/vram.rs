@@ -646,10 +646,17 @@ impl SharedVramIndex {
 
     /// Swap in a complete index and mark synced.
     pub fn replace(&self, index: VramIndex) {
+        self.replace_then(index, || {});
+    }
+
+    /// Swap in a complete index, mark synced, run `then` (e.g. set readiness), and only then
+    /// notify subscribers, so that whoever sees the new index also sees `then`'s effect.
+    pub fn replace_then(&self, index: VramIndex, then: impl FnOnce()) {
         *self.write() = index;
         self.synced.store(true, Ordering::Release);
         self.metrics.synced.set(1);
         self.metrics.relists.inc();
+        then();
         self.changed();
     }
 
@@ -819,6 +826,42 @@ pub fn configure(
 /// The readiness condition the node watch sets once the first list is read.
 pub const READY_NODES: &str = "nodes";
 
+/// The server's node watch: build a client from the environment (in-cluster service account or
+/// kubeconfig), retrying with backoff until it works, then [`run_node_watch`] until `shutdown`.
+/// `/readyz` stays false (condition [`READY_NODES`]) until the first list is read.
+pub async fn watch_cluster(
+    index: Arc<SharedVramIndex>,
+    label_selector: String,
+    readiness: crate::metrics::Readiness,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut delay = std::time::Duration::from_millis(500);
+    let client = loop {
+        match kube::Client::try_default().await {
+            Ok(c) => break c,
+            Err(e) => {
+                index.metrics.watch_errors.inc();
+                tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64, "no Kubernetes client for the node watch; gpu-fraction caps are skipped until it works (or set PER_GPU_VRAM_MIB)");
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(std::time::Duration::from_secs(30));
+            }
+        }
+    };
+    tracing::info!(label_selector = %label_selector, "watching GPU nodes (metadata only)");
+    run_node_watch(
+        client,
+        index,
+        &label_selector,
+        |synced| readiness.set(READY_NODES, synced),
+        shutdown,
+    )
+    .await;
+}
+
 /// Keep `index` current from the cluster's Nodes carrying `label_selector` (metadata only) until
 /// `shutdown`. Calls `on_synced(true)` after each complete list. Errors are logged and counted;
 /// the watch resumes or re-lists with backoff.
@@ -862,8 +905,7 @@ pub async fn run_node_watch(
                     invalid_labels = fresh.invalid_labels(),
                     "GPU node list read"
                 );
-                index.replace(fresh);
-                on_synced(true);
+                index.replace_then(fresh, || on_synced(true));
             }
             Ok(watcher::Event::Apply(obj)) => {
                 index.update(|i| apply(i, &obj.metadata));

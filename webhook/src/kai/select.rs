@@ -334,11 +334,8 @@ mod tests {
     #[test]
     fn preload_target_table() {
         let base = r#""initContainers":[{"name":"init-a"},{"name":"shared"}],"containers":[{"name":"main"},{"name":"shared-2"}]"#;
-        let cases: &[(
-            &str,
-            PreloadContainers,
-            Result<Vec<(ContainerKind, usize)>, &str>,
-        )] = &[
+        type Expected = Result<Vec<(ContainerKind, usize)>, &'static str>;
+        let cases: &[(&str, PreloadContainers, Expected)] = &[
             (
                 "",
                 PreloadContainers::Fraction,
