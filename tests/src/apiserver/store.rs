@@ -633,6 +633,9 @@ impl Store {
     /// Stores an object as given (server fields filled when missing), bypassing create/update
     /// rules: for seeding test state. Emits ADDED or MODIFIED like any change.
     pub fn seed(&mut self, rt: &ResourceType, mut value: Value) -> Result<Arc<Stored>, ApiError> {
+        if !rt.namespaced {
+            meta_mut(&mut value)?.remove("namespace");
+        }
         let (namespace, name) = key_of(&value);
         if name.is_empty() {
             return Err(ApiError::bad_request("seeded object has no metadata.name"));
