@@ -604,3 +604,41 @@ fn no_source_and_unsynced_index_skip_the_cap_with_a_reason() {
         ["1234m"]
     );
 }
+
+#[test]
+fn mutate_command_shows_the_projected_files() {
+    let pod = serde_json::to_vec(&object(SMALL)).unwrap();
+    let out = hami_webhook::cli::mutate_command(
+        &pod,
+        hami_webhook::cli::MutateOutput::Pod,
+        &settings(16384),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(
+            "limits file for container \"train\" (read-only at /overrideEnv):\n  CUDA_DEVICE_MEMORY_LIMIT=4096m\n  HAMI_LIMITS_FORMAT=1\n"
+        ),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("limits.hami.io/train"),
+        "{}",
+        out.stdout
+    );
+    // env delivery: no file to show.
+    let mut s = settings(16384);
+    s.kai.limit_delivery = hami_shared::values::LimitDelivery::Env;
+    let out = hami_webhook::cli::mutate_command(&pod, hami_webhook::cli::MutateOutput::Pod, &s);
+    assert!(!out.stderr.contains("limits file"), "{}", out.stderr);
+}
+
+#[test]
+fn spoofed_limits_annotation_is_removed_when_the_cap_is_skipped() {
+    let mut pod = object(SMALL);
+    pod["metadata"]["annotations"]["limits.hami.io/train"] =
+        json!("CUDA_DEVICE_MEMORY_LIMIT=999999m\n");
+    let out = mutate(&pod, &Settings::default());
+    assert_eq!(annotation(&out.pod, "limits.hami.io/train"), None);
+    assert_eq!(out.warnings.len(), 1);
+}

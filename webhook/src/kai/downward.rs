@@ -153,23 +153,8 @@ pub fn deliver(
         }
     }
     // Webhook-owned keys: set what is wanted, remove the rest.
-    let stale: Vec<String> = pod
-        .metadata
-        .annotations
-        .iter()
-        .flat_map(|a| a.iter())
-        .map(|(k, _)| k)
-        .filter(|k| k.starts_with(ANNOTATION_PREFIX))
-        .filter(|k| {
-            !wanted
-                .iter()
-                .any(|(_, name, _)| k[ANNOTATION_PREFIX.len()..] == **name)
-        })
-        .map(str::to_owned)
-        .collect();
-    for key in stale {
-        m.patch.remove_annotation(&key);
-    }
+    let names: Vec<&str> = wanted.iter().map(|(_, name, _)| name.as_str()).collect();
+    remove_owned_annotations(m, &names);
     if wanted.is_empty() {
         return Ok(());
     }
@@ -220,6 +205,25 @@ pub fn deliver(
         );
     }
     Ok(())
+}
+
+/// Remove every webhook-owned annotation (`limits.hami.io/*`) except those of `keep` containers:
+/// a user cannot supply a limits file of their own, in any delivery mode.
+pub fn remove_owned_annotations(m: &mut PodMutation<'_, '_>, keep: &[&str]) {
+    let pod = m.pod();
+    let stale = pod
+        .metadata
+        .annotations
+        .iter()
+        .flat_map(|a| a.iter())
+        .map(|(k, _)| k)
+        .filter(|k| {
+            k.strip_prefix(ANNOTATION_PREFIX)
+                .is_some_and(|name| !keep.contains(&name))
+        });
+    for key in stale {
+        m.patch.remove_annotation(key);
+    }
 }
 
 /// (path, fieldPath) of each downward-API item, sorted.

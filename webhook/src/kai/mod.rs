@@ -152,6 +152,7 @@ pub fn mutate(
     let targets = select::preload_targets(m, kai.preload_containers)?;
     inject::preload(m, &targets, &kai.hook_path)?;
     let Some(limit_mib) = limit_mib else {
+        downward::remove_owned_annotations(m, &[]);
         kai.metrics.pod("none");
         return Ok(());
     };
