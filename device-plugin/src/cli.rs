@@ -175,7 +175,8 @@ impl CliError {
             Self::Settings(_)
             | Self::MissingNodeName
             | Self::BadDuration { .. }
-            | Self::Allocation(_) => 2,
+            | Self::Allocation(_)
+            | Self::Plan(crate::allocation::dry_run::DryRunError::Config(_)) => 2,
             _ => 1,
         }
     }

@@ -1,9 +1,17 @@
-//! The executor: the thin I/O around [`super::plan`]. For each `Allocate` call, serialised on the
-//! node: find the pod ([`super::locator`]), decode its devices ([`super::codec`]), plan each
-//! container, create its directory and publish its limits file, then update the pod's annotations
-//! and release the node lock. Any failure after the pod is found fails the allocation: gRPC
-//! error, `hami.io/bind-phase: failed`, node lock released, an Event on the pod naming the path
-//! and the error, and nothing from this call left on disk.
+//! The executor: the thin I/O around [`super::plan`]. For each `Allocate` call:
+//!
+//! 1. **under a node-wide lock** (one allocation selects at a time): find the pod
+//!    ([`super::locator`]), decode its devices ([`super::codec`]), plan each requested container
+//!    (pure), and erase their entries from `hami.io/vgpu-devices-to-allocate` with one merge patch
+//!    — after which no other call can select them;
+//! 2. **outside the lock**, so that the fsyncs of concurrent calls overlap instead of queueing:
+//!    recreate each per-container directory and publish its limits file atomically (on a
+//!    blocking thread); then, when no NVIDIA entry is left, `hami.io/bind-phase: success` and the
+//!    node lock released (only if it still names this pod).
+//!
+//! Any failure after the pod is found fails the allocation: gRPC error, `hami.io/bind-phase:
+//! failed`, node lock released, an Event on the pod naming the path and the error, and nothing
+//! from this call left on disk. The pod is never marked `success` before its files are durable.
 
 use std::fs;
 use std::io;
@@ -404,12 +412,16 @@ impl Allocator {
         failure.status
     }
 
-    async fn allocate_located(
+    /// Phase 1, under the node-wide lock: decode the pod's devices, plan each requested container
+    /// (pure), and erase their entries from `hami.io/vgpu-devices-to-allocate` with one merge
+    /// patch, so that the next call (another pod, or this pod's next container) cannot select
+    /// them again. Nothing is written to disk here.
+    async fn select(
         &self,
         located: &Located,
         request: &v1beta1::AllocateRequest,
         timing: &mut AllocateTiming,
-    ) -> Result<v1beta1::AllocateResponse, Failure> {
+    ) -> Result<Selection, Failure> {
         let pod = &located.pod;
         let key = pod_key(pod);
         let value = pod
@@ -433,13 +445,9 @@ impl Allocator {
             })
         })?;
         let libvgpu = self.libvgpu_host();
-        let mut responses = Vec::with_capacity(request.container_requests.len());
-        let mut written: Vec<Written> = Vec::new();
-        let mut warnings: Vec<String> = Vec::new();
-        let undo_all = |written: &[Written]| written.iter().for_each(Written::undo);
+        let mut plans = Vec::with_capacity(request.container_requests.len());
         for container in &request.container_requests {
             let Some((entry, wanted)) = devices.next_request() else {
-                undo_all(&written);
                 let message = format!(
                     "allocation failed: pod {key} has no container left with an NVIDIA device in {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE}"
                 );
@@ -448,33 +456,79 @@ impl Allocator {
                     message,
                 });
             };
-            let plan = match plan_container(
+            let plan = plan_container(
                 pod,
                 entry,
                 &wanted,
                 Some(container.devices_ids.len()),
                 &self.settings,
                 &libvgpu,
-            ) {
-                Ok(plan) => plan,
-                Err(e) => {
-                    undo_all(&written);
-                    return Err(Failure::plan(e));
-                }
-            };
-            let started = Instant::now();
-            let result = execute_plan(&plan);
-            timing.disk += started.elapsed();
-            match result {
-                Ok((w, publish)) => {
-                    timing.publish += publish;
-                    written.push(w);
-                }
-                Err(e) => {
-                    undo_all(&written);
-                    return Err(Failure::disk(&key, &plan.container, &e));
+            )
+            .map_err(Failure::plan)?;
+            devices.erase_nvidia(entry);
+            plans.push(plan);
+        }
+        let started = Instant::now();
+        timing.api_round_trips += 1;
+        let patched = self
+            .patch_pod_annotations(
+                pod,
+                serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: devices.encode() }),
+            )
+            .await;
+        timing.patch_pod += started.elapsed();
+        patched.map_err(|e| {
+            Failure::api(&format!("cannot update the annotations of pod {key}"), &e)
+        })?;
+        Ok(Selection {
+            plans,
+            done: !devices.has_nvidia(),
+        })
+    }
+
+    /// Phase 2, outside the node-wide lock (so that the fsyncs of concurrent calls overlap):
+    /// create the directories and publish the limits files on a blocking thread; then, when the
+    /// pod has nothing left to allocate, `bind-phase: success` and the node lock released.
+    async fn execute(
+        &self,
+        located: &Located,
+        selection: Selection,
+        timing: &mut AllocateTiming,
+    ) -> Result<v1beta1::AllocateResponse, Failure> {
+        let pod = &located.pod;
+        let key = pod_key(pod);
+        let Selection { plans, done } = selection;
+        let started = Instant::now();
+        let (plans, outcome) = tokio::task::spawn_blocking(move || {
+            let mut written: Vec<Written> = Vec::new();
+            let mut publish = Duration::ZERO;
+            for plan in &plans {
+                match execute_plan(plan) {
+                    Ok((w, p)) => {
+                        written.push(w);
+                        publish += p;
+                    }
+                    Err(e) => {
+                        written.iter().for_each(Written::undo);
+                        let failure = Failure::disk(&pod_key_of(plan), &plan.container, &e);
+                        return (plans, Err(failure));
+                    }
                 }
             }
+            (plans, Ok((written, publish)))
+        })
+        .await
+        .map_err(|e| {
+            let message = format!("allocation failed for pod {key}: disk task failed: {e}");
+            Failure {
+                status: Status::internal(message.clone()),
+                message,
+            }
+        })?;
+        timing.disk = started.elapsed();
+        let (written, publish) = outcome?;
+        timing.publish = publish;
+        for plan in &plans {
             tracing::info!(
                 pod = %key,
                 container = %plan.container,
@@ -485,46 +539,58 @@ impl Allocator {
                 mig = plan.mig,
                 "container allocated"
             );
-            warnings.extend(plan.warnings.iter().cloned());
-            devices.erase_nvidia(entry);
-            responses.push(plan.response());
         }
-        let done = !devices.has_nvidia();
-        let mut annotations =
-            serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: devices.encode() });
         if done {
-            annotations[ANNOTATION_BIND_PHASE] = serde_json::Value::from(BIND_PHASE_SUCCESS);
-        }
-        let started = Instant::now();
-        timing.api_round_trips += 1;
-        let patched = self.patch_pod_annotations(pod, annotations).await;
-        timing.patch_pod = started.elapsed();
-        if let Err(e) = patched {
-            undo_all(&written);
-            return Err(Failure::api(
-                &format!("cannot update the annotations of pod {key}"),
-                &e,
-            ));
-        }
-        if done && let Some(lock) = &located.lock {
             let started = Instant::now();
             timing.api_round_trips += 1;
-            if let Err(error) = self.release_lock(lock).await {
-                // The pod is allocated; a stale lock expires after 5 minutes.
-                tracing::error!(%error, node = %self.node_name, "cannot release the node lock");
+            let patched = self
+                .patch_pod_annotations(
+                    pod,
+                    serde_json::json!({ ANNOTATION_BIND_PHASE: BIND_PHASE_SUCCESS }),
+                )
+                .await;
+            timing.patch_pod += started.elapsed();
+            if let Err(e) = patched {
+                written.iter().for_each(Written::undo);
+                return Err(Failure::api(
+                    &format!(
+                        "cannot set {ANNOTATION_BIND_PHASE}: {BIND_PHASE_SUCCESS} on pod {key}"
+                    ),
+                    &e,
+                ));
             }
-            timing.release_lock = started.elapsed();
+            if let Some(lock) = &located.lock {
+                let started = Instant::now();
+                timing.api_round_trips += 1;
+                if let Err(error) = self.release_lock(lock).await {
+                    // The pod is allocated; a stale lock expires after 5 minutes.
+                    tracing::error!(%error, node = %self.node_name, "cannot release the node lock");
+                }
+                timing.release_lock = started.elapsed();
+            }
         }
-        for warning in warnings {
+        for warning in plans.iter().flat_map(|p| p.warnings.iter()) {
             tracing::warn!(pod = %key, "{warning}");
             timing.api_round_trips += 1;
-            self.event(pod, "Warning", "InvalidLimitDelivery", &warning)
+            self.event(pod, "Warning", "InvalidLimitDelivery", warning)
                 .await;
         }
         Ok(v1beta1::AllocateResponse {
-            container_responses: responses,
+            container_responses: plans.iter().map(AllocationPlan::response).collect(),
         })
     }
+}
+
+/// What phase 1 selected.
+#[derive(Debug)]
+struct Selection {
+    plans: Vec<AllocationPlan>,
+    /// No NVIDIA entry is left on the pod after these.
+    done: bool,
+}
+
+fn pod_key_of(plan: &AllocationPlan) -> String {
+    plan.pod.clone()
 }
 
 /// The JSON patch that removes the annotation at `path` only while it still holds `value`.
@@ -544,7 +610,7 @@ impl AllocateHandler for Allocator {
     ) -> Result<v1beta1::AllocateResponse, Status> {
         let started = Instant::now();
         let mut timing = AllocateTiming::default();
-        let _serial = self.serial.lock().await;
+        let serial = self.serial.lock().await;
         timing.queued = started.elapsed();
         let mut trips = LocateTrips::default();
         let located = locate(&self.client, &self.node_name, &mut trips).await;
@@ -559,11 +625,19 @@ impl AllocateHandler for Allocator {
                 "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
                 self.node_name, self.node_name
             ))),
-            Ok(Some(located)) => match self.allocate_located(&located, &request, &mut timing).await
-            {
-                Ok(response) => Ok(response),
-                Err(failure) => Err(self.fail(&located, failure, &mut timing).await),
-            },
+            Ok(Some(located)) => {
+                let selected = self.select(&located, &request, &mut timing).await;
+                // The pod's entries are erased (or nothing happened): the next call may start.
+                drop(serial);
+                let result = match selected {
+                    Ok(selection) => self.execute(&located, selection, &mut timing).await,
+                    Err(failure) => Err(failure),
+                };
+                match result {
+                    Ok(response) => Ok(response),
+                    Err(failure) => Err(self.fail(&located, failure, &mut timing).await),
+                }
+            }
         };
         timing.total = started.elapsed();
         timing.ok = result.is_ok();

@@ -1,0 +1,175 @@
+//! `hami-device-plugin plan`: the dry run for operators, as a user runs it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+const UID: &str = "6f1c2a3b-4d5e-4f60-8a9b-0c1d2e3f4a5b";
+
+const POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: train
+  namespace: ml
+  uid: 6f1c2a3b-4d5e-4f60-8a9b-0c1d2e3f4a5b
+  annotations:
+    hami.io/vgpu-node: gpu-0
+    hami.io/bind-phase: allocating
+    hami.io/vgpu-devices-to-allocate: "GPU-a,NVIDIA,1000,20:;;GPU-b,NVIDIA,3000,50:GPU-c,NVIDIA,3000,50:;"
+spec:
+  initContainers:
+  - name: warmup
+    image: cuda
+  containers:
+  - name: sidecar
+    image: busybox
+  - name: trainer
+    image: cuda
+    env:
+    - name: CUDA_TASK_PRIORITY
+      value: "0"
+    - name: CUDA_DISABLE_CONTROL
+      value: "true"
+"#;
+
+fn plan(dir: &Path, extra: &[&str]) -> std::process::Output {
+    std::fs::write(dir.join("pod.yaml"), POD).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
+        .arg("plan")
+        .arg("--pod")
+        .arg(dir.join("pod.yaml"))
+        .args(["--node", "gpu-0", "--hook-path"])
+        .arg(dir.join("hook"))
+        .args(extra)
+        .env_remove("HAMI_DEVICE_CONFIG")
+        .env_remove("HAMI_NODE_CONFIG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn prints_every_pending_container_as_json_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("device-config.yaml"),
+        "nvidia:\n  limitDelivery: env\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"nodeconfig":[{"name":"gpu-0","limitdelivery":"file"}]}"#,
+    )
+    .unwrap();
+    let config = dir.join("device-config.yaml").display().to_string();
+    let node_config = dir.join("config.json").display().to_string();
+    let out = plan(dir, &["--config", &config, "--node-config", &node_config]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pod"], "ml/train");
+    let containers = report["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 2);
+    let (warmup, trainer) = (&containers[0], &containers[1]);
+    assert_eq!(warmup["container"], "warmup");
+    assert_eq!(warmup["slot"], serde_json::json!({"init": 0}));
+    assert_eq!(trainer["container"], "trainer");
+    assert_eq!(trainer["slot"], serde_json::json!({"app": 1}));
+    assert_eq!(
+        trainer["delivery"],
+        serde_json::json!({"mode": "file", "source": "node-config"})
+    );
+    let hook = dir.join("hook").display().to_string();
+    assert_eq!(trainer["envs"]["CUDA_DEVICE_MEMORY_LIMIT_1"], "3000m");
+    assert_eq!(trainer["envs"]["NVIDIA_VISIBLE_DEVICES"], "GPU-b,GPU-c");
+    let mounts: Vec<&str> = trainer["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["containerPath"].as_str().unwrap())
+        .collect();
+    // CUDA_DISABLE_CONTROL=true: no ld.so.preload.
+    assert_eq!(
+        mounts,
+        [
+            format!("{hook}/vgpu/libvgpu.so").as_str(),
+            &format!("{hook}/vgpu"),
+            "/tmp/vgpulock",
+            "/overrideEnv"
+        ]
+    );
+    assert_eq!(
+        trainer["limitsFile"]["text"],
+        format!(
+            "CUDA_DEVICE_MEMORY_LIMIT_0=3000m\nCUDA_DEVICE_MEMORY_LIMIT_1=3000m\n\
+             CUDA_DEVICE_MEMORY_SHARED_CACHE={hook}/vgpu/usage.cache\nCUDA_DEVICE_SM_LIMIT=50\n\
+             CUDA_TASK_PRIORITY=0\nHAMI_LIMITS_FORMAT=1\n"
+        )
+    );
+    assert_eq!(report["written"], serde_json::json!([]));
+    assert!(!dir.join("hook").exists(), "a dry run writes nothing");
+}
+
+#[test]
+fn write_publishes_the_files_as_run_would() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let out = plan(dir, &["--write"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["written"].as_array().unwrap().len(), 4);
+    let containers = dir.join("hook/vgpu/containers");
+    for c in ["warmup", "trainer"] {
+        let file = containers.join(format!("{UID}_{c}.limits"));
+        let meta = std::fs::metadata(&file).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o644);
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            hami_shared::limits_file::parse_bytes(&bytes)
+                .diagnostics
+                .is_empty()
+        );
+        let d = std::fs::metadata(containers.join(format!("{UID}_{c}"))).unwrap();
+        assert_eq!(d.permissions().mode() & 0o7777, 0o777);
+    }
+}
+
+#[test]
+fn dynamic_mig_and_malformed_annotations_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"nodeconfig":[{"name":"gpu-0","operatingmode":"mig"}]}"#,
+    )
+    .unwrap();
+    let node_config = dir.join("config.json").display().to_string();
+    let out = plan(dir, &["--node-config", &node_config]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("dynamic MIG") && err.contains("not support"),
+        "{err}"
+    );
+
+    let bad = POD.replace("GPU-a,NVIDIA,1000,20:", "GPU-a,NVIDIA,1000m,20:");
+    std::fs::write(dir.join("bad.yaml"), bad).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
+        .args(["plan", "--node", "gpu-0", "--pod"])
+        .arg(dir.join("bad.yaml"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("ml/train") && err.contains("1000m"), "{err}");
+}
