@@ -153,6 +153,20 @@ async fn main() {
         ]]),
         ..Placement::default()
     };
+    // Worst case: nothing matches, so every indexed node is examined.
+    let nothing = Placement {
+        terms: Some(vec![vec![
+            Requirement::In {
+                key: "topology.kubernetes.io/zone".into(),
+                values: vec!["us-east-1a".into()],
+            },
+            Requirement::NotIn {
+                key: "topology.kubernetes.io/zone".into(),
+                values: vec!["us-east-1a".into()],
+            },
+        ]]),
+        ..Placement::default()
+    };
     let lookup = |p: &Placement, iters: usize| {
         let idx = Arc::clone(&index);
         per_call(iters, || {
@@ -164,10 +178,11 @@ async fn main() {
     let t_zone = lookup(&zone, 500);
     let t_instance = lookup(&instance, 500);
     let t_affinity = lookup(&affinity, 500);
+    let t_nothing = lookup(&nothing, 200);
     let found = |p: &Placement| {
-        index.basis(p).map_or("none".to_owned(), |b| {
-            format!("{} MiB over {} nodes", b.mib, b.nodes)
-        })
+        index
+            .basis(p)
+            .map_or("none".to_owned(), |b| format!("min {} MiB", b.mib))
     };
 
     let _ = stop.send(true);
@@ -225,6 +240,12 @@ async fn main() {
         found(&affinity),
         us(t_affinity),
         ok(t_affinity <= Duration::from_millis(1))
+    );
+    println!(
+        "| lookup, affinity no node satisfies (full scan, {}) | {} | ≤ 1 ms: {} |",
+        found(&nothing),
+        us(t_nothing),
+        ok(t_nothing <= Duration::from_millis(1))
     );
     println!();
     println!("smallest GPU after sync: {} MiB", min.unwrap_or(0));

@@ -13,7 +13,7 @@
 //! on its own (kube's watcher, with backoff); a re-list builds a fresh index and swaps it in when
 //! complete, so lookups never see a half-listed cluster.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -134,7 +134,9 @@ pub struct VramIndex {
     free: Vec<usize>,
     by_name: HashMap<Arc<str>, usize>,
     /// Multiset of usable memory sizes: MiB → number of nodes.
-    sizes: BTreeMap<u64, u32>,
+    /// Nodes with a usable label, ordered by GPU memory: the unconstrained basis is the first,
+    /// and a constrained lookup stops at the first node that matches.
+    by_memory: BTreeSet<(u64, usize)>,
     invalid: usize,
     memory_key: Option<u32>,
 }
@@ -144,8 +146,6 @@ pub struct VramIndex {
 pub struct Basis {
     /// Per-GPU VRAM in MiB.
     pub mib: u64,
-    /// How many candidate nodes it was the minimum over (0 for an override).
-    pub nodes: usize,
 }
 
 /// Why no basis could be found.
@@ -342,9 +342,6 @@ impl VramIndex {
             self.remove(name);
         }
         let name: Arc<str> = Arc::from(name);
-        if let Some(m) = mib {
-            *self.sizes.entry(m).or_insert(0) += 1;
-        }
         if invalid {
             self.invalid += 1;
         }
@@ -365,6 +362,9 @@ impl VramIndex {
                 self.slots.len() - 1
             }
         };
+        if let Some(m) = mib {
+            self.by_memory.insert((m, slot));
+        }
         self.by_name.insert(name, slot);
         IndexChange::Changed
     }
@@ -375,13 +375,8 @@ impl VramIndex {
             return IndexChange::Unchanged;
         };
         if let Some(old) = self.slots.get_mut(slot).and_then(Option::take) {
-            if let Some(m) = old.mib
-                && let Some(count) = self.sizes.get_mut(&m)
-            {
-                *count -= 1;
-                if *count == 0 {
-                    self.sizes.remove(&m);
-                }
+            if let Some(m) = old.mib {
+                self.by_memory.remove(&(m, slot));
             }
             let key = self.memory_key.unwrap_or(u32::MAX);
             if old.mib.is_none() && old.label_id(key).is_some() {
@@ -420,7 +415,7 @@ impl VramIndex {
     /// The basis for a pod with no placement constraint: the smallest GPU in the index.
     #[must_use]
     pub fn min_mib(&self) -> Option<u64> {
-        self.sizes.keys().next().copied()
+        self.by_memory.first().map(|(m, _)| *m)
     }
 
     /// The minimum GPU memory over the indexed nodes `placement` allows.
@@ -432,13 +427,10 @@ impl VramIndex {
             let mib = node.mib?;
             return placement
                 .matches(&Node { index: self, node })
-                .then_some(Basis { mib, nodes: 1 });
+                .then_some(Basis { mib });
         }
         if placement.is_unconstrained() {
-            return self.min_mib().map(|mib| Basis {
-                mib,
-                nodes: self.sizes.values().map(|c| *c as usize).sum(),
-            });
+            return self.min_mib().map(|mib| Basis { mib });
         }
         // nodeSelector: every entry must be an exact label; a key or value no node has rules
         // every node out.
@@ -456,24 +448,21 @@ impl VramIndex {
                 .map(|t| t.iter().map(|r| self.compile(r)).collect())
                 .collect()
         });
-        let mut best: Option<u64> = None;
-        let mut count = 0usize;
-        for node in self.slots.iter().flatten() {
-            let Some(mib) = node.mib else { continue };
+        // Smallest GPU first: the first node that matches is the minimum.
+        self.by_memory.iter().find_map(|&(mib, slot)| {
+            let node = self.slots.get(slot)?.as_ref()?;
             if !selector.iter().all(|(k, v)| node.label_id(*k) == Some(*v)) {
-                continue;
+                return None;
             }
             if let Some(terms) = &terms
                 && !terms
                     .iter()
                     .any(|t| t.iter().all(|r| r.matches(self, node)))
             {
-                continue;
+                return None;
             }
-            count += 1;
-            best = Some(best.map_or(mib, |b| b.min(mib)));
-        }
-        best.map(|mib| Basis { mib, nodes: count })
+            Some(Basis { mib })
+        })
     }
 
     fn compile<'p>(&self, r: &'p Requirement) -> Compiled<'p> {
@@ -505,7 +494,7 @@ impl VramIndex {
             + self.slots.capacity() * std::mem::size_of::<Option<IndexedNode>>()
             + self.free.capacity() * 8
             + self.by_name.capacity() * (std::mem::size_of::<(Arc<str>, usize)>() + 1)
-            + self.sizes.len() * 48
+            + self.by_memory.len() * 32
     }
 }
 
@@ -748,10 +737,7 @@ impl VramBasisSource for VramSource {
     fn basis(&self, placement: &Placement) -> Result<Basis, SkipReason> {
         match self {
             Self::None => Err(SkipReason::NoSource),
-            Self::Fixed(mib) => Ok(Basis {
-                mib: *mib,
-                nodes: 0,
-            }),
+            Self::Fixed(mib) => Ok(Basis { mib: *mib }),
             Self::Nodes(index) => index.basis(placement),
         }
     }
@@ -1046,61 +1032,58 @@ mod tests {
                 r#"{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":{terms}}}}}}}}}"#
             )
         };
-        let cases: Vec<(String, Option<(u64, usize)>)> = vec![
-            ("{}".into(), Some((9728, 5))),
-            (r#"{"nodeName":"a100-2"}"#.into(), Some((81920, 1))),
+        let cases: Vec<(String, Option<u64>)> = vec![
+            ("{}".into(), Some(9728)),
+            (r#"{"nodeName":"a100-2"}"#.into(), Some(81920)),
             (r#"{"nodeName":"cpu-1"}"#.into(), None),
             (r#"{"nodeName":"broken"}"#.into(), None),
             (r#"{"nodeName":"gone"}"#.into(), None),
-            (
-                r#"{"nodeSelector":{"pool":"train"}}"#.into(),
-                Some((81920, 2)),
-            ),
-            (r#"{"nodeSelector":{"zone":"b"}}"#.into(), Some((15360, 2))),
-            (r#"{"nodeSelector":{"zone":"a"}}"#.into(), Some((9728, 3))),
+            (r#"{"nodeSelector":{"pool":"train"}}"#.into(), Some(81920)),
+            (r#"{"nodeSelector":{"zone":"b"}}"#.into(), Some(15360)),
+            (r#"{"nodeSelector":{"zone":"a"}}"#.into(), Some(9728)),
             (r#"{"nodeSelector":{"zone":"nowhere"}}"#.into(), None),
             (r#"{"nodeSelector":{"unknown-key":"a"}}"#.into(), None),
             (
                 affinity(
                     r#"[{"matchExpressions":[{"key":"nvidia.com/mig.strategy","operator":"NotIn","values":["single"]}]}]"#,
                 ),
-                Some((15360, 4)),
+                Some(15360),
             ),
             (
                 affinity(
                     r#"[{"matchExpressions":[{"key":"nvidia.com/mig.strategy","operator":"DoesNotExist"}]}]"#,
                 ),
-                Some((15360, 2)),
+                Some(15360),
             ),
             (
                 affinity(
                     r#"[{"matchExpressions":[{"key":"gen","operator":"Gt","values":["7"]}]}]"#,
                 ),
-                Some((23034, 1)),
+                Some(23034),
             ),
             (
                 affinity(
                     r#"[{"matchExpressions":[{"key":"gen","operator":"Lt","values":["8"]}]}]"#,
                 ),
-                Some((15360, 1)),
+                Some(15360),
             ),
             (
                 affinity(
                     r#"[{"matchExpressions":[{"key":"pool","operator":"In","values":["train","nope"]}]},{"matchFields":[{"key":"metadata.name","operator":"In","values":["l4-1"]}]}]"#,
                 ),
-                Some((23034, 3)),
+                Some(23034),
             ),
             (
                 affinity(
                     r#"[{"matchExpressions":[{"key":"pool","operator":"Exists"},{"key":"zone","operator":"In","values":["a"]}]}]"#,
                 ),
-                Some((9728, 3)),
+                Some(9728),
             ),
             (
                 affinity(
                     r#"[{"matchFields":[{"key":"metadata.name","operator":"NotIn","values":["a100-mig","t4-1"]}]}]"#,
                 ),
-                Some((23034, 3)),
+                Some(23034),
             ),
             (
                 format!(
@@ -1109,12 +1092,12 @@ mod tests {
                         r#"[{"matchExpressions":[{"key":"pool","operator":"NotIn","values":["mig"]}]}]"#
                     )[1..]
                 ),
-                Some((81920, 2)),
+                Some(81920),
             ),
             (affinity("[]"), None),
         ];
         for (spec, expected) in cases {
-            let got = i.basis(&placement(&spec)).map(|b| (b.mib, b.nodes));
+            let got = i.basis(&placement(&spec)).map(|b| b.mib);
             assert_eq!(got, expected, "{spec}");
         }
     }
@@ -1188,13 +1171,7 @@ mod tests {
     fn sources() {
         let p = Placement::any();
         assert_eq!(VramSource::None.basis(&p), Err(SkipReason::NoSource));
-        assert_eq!(
-            VramSource::Fixed(16384).basis(&p),
-            Ok(Basis {
-                mib: 16384,
-                nodes: 0
-            })
-        );
+        assert_eq!(VramSource::Fixed(16384).basis(&p), Ok(Basis { mib: 16384 }));
         let shared = SharedVramIndex::new(KaiMetrics::default());
         let src = VramSource::Nodes(Arc::clone(&shared));
         assert_eq!(src.basis(&p), Err(SkipReason::NotSynced));
@@ -1202,7 +1179,7 @@ mod tests {
         shared.replace(VramIndex::new());
         assert_eq!(src.basis(&p), Err(SkipReason::NoMatchingNode));
         shared.update(|i| i.upsert("n", [(LABEL_GPU_MEMORY, "100")]));
-        assert_eq!(src.basis(&p), Ok(Basis { mib: 100, nodes: 1 }));
+        assert_eq!(src.basis(&p), Ok(Basis { mib: 100 }));
         assert_eq!(shared.metrics().basis_mib.get(), 100);
         assert_eq!(shared.metrics().nodes_indexed.get(), 1);
         assert!(src.index_to_watch().is_none());

@@ -103,7 +103,7 @@ impl KaiSettings {
     /// The basis source to use: `per_gpu_vram_mib` when set, else `vram`.
     fn basis(&self, placement: &Placement) -> Result<crate::vram::Basis, crate::vram::SkipReason> {
         match self.per_gpu_vram_mib {
-            Some(mib) if mib > 0 => Ok(crate::vram::Basis { mib, nodes: 0 }),
+            Some(mib) if mib > 0 => Ok(crate::vram::Basis { mib }),
             _ => self.vram.basis(placement),
         }
     }
