@@ -9,6 +9,7 @@ use futures::StreamExt;
 use hami_tests::apiserver::{ApiServer, fixtures};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
@@ -78,6 +79,36 @@ async fn check(server: &ApiServer, store: &Store<Node>, tag: &str) {
     tokio::time::timeout(WAIT, wait).await.unwrap();
 }
 
+/// A metadata-only reflector (`Api<PartialObjectMeta<Node>>`), as a label index would use.
+async fn reflect_metadata(server: &ApiServer) -> Duration {
+    let started = Instant::now();
+    let api: Api<PartialObjectMeta<Node>> = Api::all(server.client());
+    let (reader, writer) = reflector::store::<PartialObjectMeta<Node>>();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while stream.next().await.is_some() {}
+    });
+    tokio::time::timeout(WAIT, reader.wait_until_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(reader.state().len(), NODES);
+    let probe = reader
+        .get(&reflector::ObjectRef::new(&fixtures::node_name(7)))
+        .unwrap();
+    let (model, _) = fixtures::node_profile(7);
+    assert_eq!(
+        probe.metadata.labels.as_ref().unwrap()["nvidia.com/gpu.memory"],
+        model.memory_mib.to_string()
+    );
+    elapsed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_gfd_nodes_list_and_watch_into_a_reflector() {
     let server = ApiServer::start().await.unwrap();
@@ -97,8 +128,11 @@ async fn ten_thousand_gfd_nodes_list_and_watch_into_a_reflector() {
     let (store2, streaming) = reflect(&server, watcher::Config::default().streaming_lists()).await;
     check(&server, &store2, "streaming").await;
 
+    let metadata_only = reflect_metadata(&server).await;
+
     println!(
         "scale: {NODES} nodes (~{bytes} bytes JSON each): generated in {generated:?}, seeded in {seeded:?}; \
-         reflector ready with watch open: list+watch (500/page) {list_watch:?}, streaming list {streaming:?}"
+         reflector ready with watch open: list+watch (500/page) {list_watch:?}, streaming list {streaming:?}, \
+         metadata-only list+watch {metadata_only:?}"
     );
 }

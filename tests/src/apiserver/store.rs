@@ -20,6 +20,8 @@ pub(crate) struct Stored {
     pub value: Value,
     pub bytes: Bytes,
     pub rv: u64,
+    /// The `PartialObjectMetadata` rendering, made on first use (metadata-only clients).
+    pub metadata_bytes: std::sync::OnceLock<Bytes>,
 }
 
 impl Stored {
@@ -30,6 +32,7 @@ impl Stored {
             value,
             bytes: Bytes::from(bytes),
             rv,
+            metadata_bytes: std::sync::OnceLock::new(),
         }))
     }
 }

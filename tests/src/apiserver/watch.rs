@@ -28,7 +28,10 @@ impl Projection {
     pub fn render(self, s: &Stored) -> Bytes {
         match self {
             Self::Full => s.bytes.clone(),
-            Self::Metadata => Bytes::from(partial_metadata(&s.value).to_string()),
+            Self::Metadata => s
+                .metadata_bytes
+                .get_or_init(|| Bytes::from(partial_metadata(&s.value).to_string()))
+                .clone(),
         }
     }
 }
