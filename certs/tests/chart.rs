@@ -1448,6 +1448,7 @@ fn rendered_webhook_settings_load_with_the_webhooks_loader() {
 fn device_plugin_args_and_env_are_what_its_cli_reads() {
     use clap::{CommandFactory, Parser};
     use hami_device_plugin::cli::{Cli, Command as PluginCommand};
+    use hami_device_plugin::nvml::{ENV_DISABLE_HEALTHCHECKS, health_check_policy};
     let run = Cli::command()
         .find_subcommand("run")
         .cloned()
@@ -1486,8 +1487,13 @@ fn device_plugin_args_and_env_are_what_its_cli_reads() {
                 "NVML, not an inventory file, in a cluster"
             );
             // Every variable the chart sets for the plugin is one its CLI reads (the others are
-            // for the logger and the NVIDIA runtime).
+            // for the logger, the NVIDIA runtime, and the NVML health checks).
             for e in c.env.iter().flatten() {
+                if e.name == ENV_DISABLE_HEALTHCHECKS {
+                    let policy = health_check_policy(e.value.as_deref());
+                    assert_eq!(policy, Some(vec![48, 109]), "{}: {e:?}", s.name);
+                    continue;
+                }
                 if matches!(
                     e.name.as_str(),
                     "RUST_LOG" | "NVIDIA_VISIBLE_DEVICES" | "NVIDIA_DRIVER_CAPABILITIES"

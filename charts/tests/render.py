@@ -78,6 +78,7 @@ SCENARIOS: dict[str, dict] = {
             "deviceMemoryScaling": 2,
             "hookPath": "/opt/hami",
             "runtimeClassName": "nvidia",
+            "disableHealthChecks": "48,109",
         }
     },
     "ignore-no-conditions": {
@@ -105,6 +106,7 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("gpuCorePolicy in capitals", {"devicePlugin": {"gpuCorePolicy": "FORCE"}}, "gpuCorePolicy"),
     ("deviceSplitCount zero", {"devicePlugin": {"deviceSplitCount": 0}}, "deviceSplitCount"),
     ("libCudaLogLevel above 4", {"devicePlugin": {"libCudaLogLevel": 5}}, "libCudaLogLevel"),
+    ("health checks spelt wrong", {"devicePlugin": {"disableHealthChecks": "none"}}, "disableHealthChecks"),
     ("relative hookPath", {"devicePlugin": {"hookPath": "usr/local"}}, "hookPath"),
     ("relative KAI hookPath", {"webhook": {"kai": {"hookPath": "vgpu"}}}, "hookPath"),
     ("typo in a devicePlugin key", {"devicePlugin": {"limitDelivry": "env"}}, "limitDelivry"),
