@@ -254,15 +254,24 @@ impl GpuInventory for FileInventory {
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(poll);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_error: Option<String> = None;
             loop {
                 tokio::select! {
                     _ = ticker.tick() => {}
                     () = events.closed() => return,
                 }
                 let current = match read_inventory(&path) {
-                    Ok(current) => current,
+                    Ok(current) => {
+                        last_error = None;
+                        current
+                    }
                     Err(error) => {
-                        tracing::warn!(%error, "inventory file cannot be read; health unchanged");
+                        // Once per distinct problem, not every poll.
+                        let text = error.to_string();
+                        if last_error.as_deref() != Some(text.as_str()) {
+                            tracing::warn!(error = %text, "inventory file cannot be read; health unchanged");
+                            last_error = Some(text);
+                        }
                         continue;
                     }
                 };
