@@ -15,7 +15,7 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release -p hami-tests --example allocate_bench
 bin="$CARGO_TARGET_DIR/release/examples/allocate_bench"
-out=bench/allocate/results.md
+out=${OUT:-bench/allocate/results.md}
 tmp=$(mktemp)
 {
   echo "# Allocate latency"
