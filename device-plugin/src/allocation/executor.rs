@@ -572,8 +572,13 @@ impl Allocator {
         for warning in plans.iter().flat_map(|p| p.warnings.iter()) {
             tracing::warn!(pod = %key, "{warning}");
             timing.api_round_trips += 1;
-            self.event(pod, "Warning", "InvalidLimitDelivery", warning)
-                .await;
+            // The plan's only warnings: an invalid delivery annotation, or a spec value not copied.
+            let reason = if warning.contains(hami_shared::names::ANNOTATION_LIMIT_DELIVERY) {
+                "InvalidLimitDelivery"
+            } else {
+                "LimitsFileValueSkipped"
+            };
+            self.event(pod, "Warning", reason, warning).await;
         }
         Ok(v1beta1::AllocateResponse {
             container_responses: plans.iter().map(AllocationPlan::response).collect(),
