@@ -23,11 +23,9 @@ pub struct Settings {
     /// HAMi's NVIDIA device settings (same names as HAMi's `device-config.yaml` `nvidia:`).
     pub nvidia: NvidiaSettings,
     /// The HAMi scheduler that GPU pods are sent to (HAMi's `--scheduler-name`).
-    #[serde(alias = "schedulername")]
     pub scheduler_name: String,
     /// Deny a privileged GPU container (it sees every GPU on the node); when false it is allowed
     /// with a warning.
-    #[serde(alias = "denyprivilegedgpucontainers")]
     pub deny_privileged_gpu_containers: bool,
     /// How the HTTPS server runs.
     pub server: ServerSettings,
@@ -52,22 +50,16 @@ impl Default for Settings {
 #[serde(rename_all = "camelCase", default)]
 pub struct NvidiaSettings {
     /// Default `nvidia.com/gpu`.
-    #[serde(alias = "resourcecountname")]
     pub resource_count_name: String,
     /// Default `nvidia.com/gpumem`.
-    #[serde(alias = "resourcememoryname")]
     pub resource_memory_name: String,
     /// Default `nvidia.com/gpumem-percentage`.
-    #[serde(alias = "resourcememorypercentagename")]
     pub resource_memory_percentage_name: String,
     /// Default `nvidia.com/gpucores`.
-    #[serde(alias = "resourcecorename")]
     pub resource_core_name: String,
     /// Default `nvidia.com/priority`.
-    #[serde(alias = "resourcepriorityname")]
     pub resource_priority_name: String,
     /// `default` (nothing set), `force` or `disable` (set as `GPU_CORE_UTILIZATION_POLICY`).
-    #[serde(alias = "gpucorepolicy")]
     pub gpu_core_policy: CorePolicy,
 }
 
@@ -116,41 +108,29 @@ pub struct ServerSettings {
     /// HTTPS address for `POST /mutate`. Default `0.0.0.0:9443`.
     pub listen: SocketAddr,
     /// Plain-HTTP address for `/healthz`, `/readyz`, `/metrics`. Default `0.0.0.0:9090`.
-    #[serde(alias = "metricslisten")]
     pub metrics_listen: SocketAddr,
     /// PEM certificate chain file. Default `/tls/tls.crt`.
-    #[serde(alias = "tlscert")]
     pub tls_cert: PathBuf,
     /// PEM private key file. Default `/tls/tls.key`.
-    #[serde(alias = "tlskey")]
     pub tls_key: PathBuf,
     /// Largest accepted request body; larger gets HTTP 413. Default 8 MiB.
-    #[serde(alias = "bodylimitbytes")]
     pub body_limit_bytes: usize,
     /// Time allowed to receive a request and answer it; later gets HTTP 408. Default 10.
-    #[serde(alias = "requesttimeoutseconds")]
     pub request_timeout_seconds: u64,
     /// Time allowed for a TLS handshake. Default 10.
-    #[serde(alias = "tlshandshaketimeoutseconds")]
     pub tls_handshake_timeout_seconds: u64,
     /// Reviews processed at once; more wait. Default 256.
-    #[serde(alias = "maxconcurrentrequests")]
     pub max_concurrent_requests: usize,
     /// Open connections at once; more wait in the listen backlog. Default 4096.
-    #[serde(alias = "maxconnections")]
     pub max_connections: usize,
     /// Tokio worker threads: 0 = one per CPU this process may run on; 1 = a single-threaded
     /// runtime. Default 0.
-    #[serde(alias = "workerthreads")]
     pub worker_threads: usize,
     /// How often the certificate and key files are checked for a change. Default 5.
-    #[serde(alias = "certreloadintervalseconds")]
     pub cert_reload_interval_seconds: u64,
     /// After SIGTERM, how long in-flight requests may take before connections are closed. Default 25.
-    #[serde(alias = "shutdowngraceseconds")]
     pub shutdown_grace_seconds: u64,
     /// `text` or `json`. Default `text`.
-    #[serde(alias = "logformat")]
     pub log_format: LogFormat,
 }
 
@@ -212,14 +192,19 @@ impl Settings {
     /// A file that cannot be read or a key whose value is not accepted; the message names the file,
     /// the key and the value.
     pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
-        // TEMPORARY until hami_shared::config lands: file only, no env layer.
-        let Some(file) = file else {
-            return Ok(Self::default());
-        };
-        let text = std::fs::read_to_string(file)
-            .map_err(|e| SettingsError(format!("{}: {e}", file.display())))?;
-        serde_yaml_ng::from_str(&text)
-            .map_err(|e| SettingsError(format!("{}: {e}", file.display())))
+        Self::load_from_env(file, std::env::vars())
+    }
+
+    /// [`Self::load`] with an explicit environment.
+    ///
+    /// # Errors
+    /// As [`Self::load`].
+    pub fn load_from_env<I>(file: Option<&Path>, env: I) -> Result<Self, SettingsError>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        hami_shared::config::load_layered_with_schema::<Settings, _>(file, "HAMI", env)
+            .map_err(|e| SettingsError(e.to_string()))
     }
 }
 
@@ -244,6 +229,40 @@ mod tests {
         assert_eq!(s.nvidia.resource_count_name, "example.com/gpu");
         assert_eq!(s.nvidia.gpu_core_policy, CorePolicy::Force);
         assert_eq!(s.nvidia.resource_memory_name, "nvidia.com/gpumem");
+    }
+
+    #[test]
+    fn file_then_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("webhook.yaml");
+        std::fs::write(
+            &file,
+            "nvidia:\n  gpuCorePolicy: force\nschedulerName: gpu-sched\nserver:\n  bodyLimitBytes: 1024\n",
+        )
+        .unwrap();
+        let env = [
+            ("HAMI_SERVER__BODY_LIMIT_BYTES", "2048"),
+            ("HAMI_SERVER__WORKERTHREADS", "1"),
+            ("HAMI_DENY_PRIVILEGED_GPU_CONTAINERS", "false"),
+            ("HAMI_WEBHOOK_CONFIG", "/ignored"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let s = Settings::load_from_env(Some(&file), env).unwrap();
+        assert_eq!(s.nvidia.gpu_core_policy, CorePolicy::Force);
+        assert_eq!(s.scheduler_name, "gpu-sched");
+        assert_eq!(s.server.body_limit_bytes, 2048);
+        assert_eq!(s.server.worker_threads, 1);
+        assert!(!s.deny_privileged_gpu_containers);
+        assert_eq!(s.server.listen, ServerSettings::default().listen);
+        let bad = [(
+            "HAMI_NVIDIA__GPU_CORE_POLICY".to_owned(),
+            "FORCE".to_owned(),
+        )];
+        let err = Settings::load_from_env(None, bad).unwrap_err().to_string();
+        assert!(
+            err.contains("HAMI_NVIDIA__GPU_CORE_POLICY") && err.contains("FORCE"),
+            "{err}"
+        );
     }
 
     #[test]

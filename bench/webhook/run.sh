@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Admission throughput and latency: hami-webhook against the Go standard-library baseline, same run,
+# same method (../shared/bench/README.md). Server pinned to core 0, h2load on core 1, TLS,
+# HTTP/1.1 keep-alive, 16 connections. Writes bench/webhook/results.md.
+#
+#   bench/webhook/run.sh                  # RUNS=3 N=40000 RATE_N=50000
+#   RUNS=5 bench/webhook/run.sh
+#
+# Needs: h2load (nghttp2-client), go (golang-go), openssl, taskset. Installed with apt-get when
+# missing and running as root.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HANDBOOK=${HANDBOOK:-$(cd "$ROOT/.." && pwd)/shared}
+RUNS=${RUNS:-3}
+N=${N:-40000}
+CLIENTS=${CLIENTS:-16}
+RATE_PER_CLIENT=${RATE_PER_CLIENT:-313} # x 16 clients ~ 5,000 req/s
+RATE_N=${RATE_N:-50000}
+SERVER_CORE=${SERVER_CORE:-0}
+LOAD_CORE=${LOAD_CORE:-1}
+OURS_PORT=${OURS_PORT:-18443}
+OURS_METRICS=${OURS_METRICS:-18090}
+GO_PORT=${GO_PORT:-19443}
+OUT=${OUT:-$ROOT/bench/webhook/results.md}
+
+need() { command -v "$1" >/dev/null 2>&1; }
+if ! need h2load || ! need go; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "== installing nghttp2-client golang-go"
+    apt-get update -qq && apt-get install -y -qq nghttp2-client golang-go >/dev/null
+  else
+    echo "h2load and go are needed: apt-get install -y nghttp2-client golang-go" >&2
+    exit 1
+  fi
+fi
+for t in h2load go openssl taskset; do need "$t" || { echo "missing $t" >&2; exit 1; }; done
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+echo "== building hami-webhook (release)"
+(cd "$ROOT" && cargo build --release -q -p hami-webhook)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+BIN="$TARGET_DIR/release/hami-webhook"
+
+echo "== building the Go peer"
+cp -r "$HANDBOOK/bench/go-peer" "$WORK/go-peer"
+chmod -R u+w "$WORK/go-peer"
+(cd "$WORK/go-peer" && GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$WORK/gocache" go build -o "$WORK/go-peer-bin" .)
+
+echo "== test certificate"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
+
+echo "== starting servers on core $SERVER_CORE"
+PER_GPU_VRAM_MIB=16384 RUST_LOG=warn taskset -c "$SERVER_CORE" "$BIN" serve --listen "127.0.0.1:$OURS_PORT" \
+  --metrics-listen "127.0.0.1:$OURS_METRICS" --tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem" \
+  --worker-threads 1 >"$WORK/ours.log" 2>&1 &
+OURS_PID=$!
+PIDS+=("$OURS_PID")
+taskset -c "$SERVER_CORE" "$WORK/go-peer-bin" -cert "$WORK/cert.pem" -key "$WORK/key.pem" \
+  -listen "127.0.0.1:$GO_PORT" >"$WORK/go.log" 2>&1 &
+GO_PID=$!
+PIDS+=("$GO_PID")
+for _ in $(seq 1 100); do
+  if curl -sf "http://127.0.0.1:$OURS_METRICS/readyz" >/dev/null &&
+     curl -sk -o /dev/null "https://127.0.0.1:$GO_PORT/mutate"; then break; fi
+  sleep 0.1
+done
+curl -sf "http://127.0.0.1:$OURS_METRICS/readyz" >/dev/null || { cat "$WORK/ours.log"; exit 1; }
+
+FIXTURES=(
+  "plain-pod:$HANDBOOK/bench/fixtures/plain-pod.json"
+  "hami-pod:$ROOT/bench/webhook/fixtures/hami-pod.json"
+  "kai-fraction-small:$HANDBOOK/bench/fixtures/kai-fraction-small.json"
+  "kai-fraction-large:$HANDBOOK/bench/fixtures/kai-fraction-large.json"
+)
+
+# h2load against one server; prints "req_per_s p50_us p99_us failed".
+load() { # port fixture extra-args...
+  local port=$1 fixture=$2
+  shift 2
+  local log="$WORK/h2load.log" out
+  rm -f "$log"
+  out=$(taskset -c "$LOAD_CORE" h2load --h1 -c "$CLIENTS" -m 1 -d "$fixture" \
+    -H 'Content-Type: application/json' --log-file="$log" "$@" "https://127.0.0.1:$port/mutate" 2>&1)
+  local rps failed
+  rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
+  failed=$(sed -n 's/^requests: .* \([0-9]*\) failed.*/\1/p' <<<"$out")
+  local non200
+  non200=$(awk -F'\t' '$2 != 200' "$log" | wc -l)
+  read -r p50 p99 < <(cut -f3 "$log" | sort -n | awk '{a[NR]=$1} END {
+    i50=int(NR*0.50); if (i50<1) i50=1; i99=int(NR*0.99); if (i99<1) i99=1; print a[i50], a[i99] }')
+  echo "$rps $p50 $p99 $((failed + non200))"
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+declare -A RES
+echo "== throughput: $RUNS runs x ${#FIXTURES[@]} fixtures, -n $N -c $CLIENTS"
+for run in $(seq 1 "$RUNS"); do
+  for f in "${FIXTURES[@]}"; do
+    name=${f%%:*} path=${f#*:}
+    for server in ours go; do
+      port=$OURS_PORT; [ "$server" = go ] && port=$GO_PORT
+      r=$(load "$port" "$path" -n "$N")
+      RES[$name,$server,$run]=$r
+      echo "  run $run $name $server: $r"
+    done
+  done
+done
+
+echo "== latency at $((RATE_PER_CLIENT * CLIENTS)) req/s: $RUNS runs, -n $RATE_N"
+for run in $(seq 1 "$RUNS"); do
+  for f in "${FIXTURES[@]:0:2}"; do
+    name=${f%%:*} path=${f#*:}
+    for server in ours go; do
+      port=$OURS_PORT; [ "$server" = go ] && port=$GO_PORT
+      r=$(load "$port" "$path" -n "$RATE_N" --rps "$RATE_PER_CLIENT")
+      RES[rate-$name,$server,$run]=$r
+      echo "  run $run rate $name $server: $r"
+    done
+  done
+done
+
+hwm() { awk '/VmHWM/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
+OURS_RSS=$(hwm "$OURS_PID")
+GO_RSS=$(hwm "$GO_PID")
+
+col() { # key server field(1-based)
+  for run in $(seq 1 "$RUNS"); do awk -v i="$3" '{print $i}' <<<"${RES[$1,$2,$run]}"; done | median
+}
+fails() { local t=0; for run in $(seq 1 "$RUNS"); do t=$((t + $(awk '{print $4}' <<<"${RES[$1,$2,$run]}"))); done; echo $t; }
+us2ms() { awk -v u="$1" 'BEGIN {printf "%.2f", u/1000}'; }
+
+{
+  echo "# hami-webhook admission benchmark"
+  echo
+  echo "Generated by \`bench/webhook/run.sh\` on $(date -u +%Y-%m-%dT%H:%MZ) ($(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))."
+  echo "Servers pinned to core $SERVER_CORE (\`taskset -c $SERVER_CORE\`; hami-webhook with \`--worker-threads 1\`),"
+  echo "load on core $LOAD_CORE: \`h2load --h1 -c $CLIENTS -m 1 -n $N\` over TLS (keep-alive). Medians of $RUNS runs;"
+  echo "latency percentiles from h2load's per-request log. Baseline: the Go standard-library webhook in"
+  echo "\`../shared/bench/go-peer/\`, measured in the same run."
+  echo
+  echo "## Throughput"
+  echo
+  echo "| fixture | hami-webhook req/s | Go req/s | ratio | hami-webhook p50 / p99 ms | Go p50 / p99 ms | failed (ours/Go) |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
+  for f in "${FIXTURES[@]}"; do
+    name=${f%%:*}
+    o=$(col "$name" ours 1) g=$(col "$name" go 1)
+    ratio=$(awk -v o="$o" -v g="$g" 'BEGIN {printf "%.2f", o/g}')
+    echo "| $name | $(printf %.0f "$o") | $(printf %.0f "$g") | **${ratio}x** | $(us2ms "$(col "$name" ours 2)") / $(us2ms "$(col "$name" ours 3)") | $(us2ms "$(col "$name" go 2)") / $(us2ms "$(col "$name" go 3)") | $(fails "$name" ours)/$(fails "$name" go) |"
+  done
+  echo
+  echo "## Latency at $((RATE_PER_CLIENT * CLIENTS)) req/s"
+  echo
+  echo "\`h2load --h1 -c $CLIENTS --rps $RATE_PER_CLIENT -n $RATE_N\` (rate is per client)."
+  echo
+  echo "| fixture | hami-webhook p50 / p99 ms | Go p50 / p99 ms | achieved req/s (ours / Go) |"
+  echo "|---|---:|---:|---:|"
+  for f in "${FIXTURES[@]:0:2}"; do
+    name=${f%%:*}
+    echo "| $name | $(us2ms "$(col "rate-$name" ours 2)") / $(us2ms "$(col "rate-$name" ours 3)") | $(us2ms "$(col "rate-$name" go 2)") / $(us2ms "$(col "rate-$name" go 3)") | $(printf %.0f "$(col "rate-$name" ours 1)") / $(printf %.0f "$(col "rate-$name" go 1)") |"
+  done
+  echo
+  echo "## Peak memory"
+  echo
+  echo "| server | VmHWM (MiB) |"
+  echo "|---|---:|"
+  echo "| hami-webhook | $OURS_RSS |"
+  echo "| Go peer | $GO_RSS |"
+  echo
+  echo "Notes: the Go peer performs only the KAI mutation and the limit-delivery check; on \`hami-pod\` it"
+  echo "returns no patch while hami-webhook applies HAMi's mutation (scheduler, CUDA_TASK_PRIORITY)."
+} >"$OUT"
+echo "== wrote $OUT"
+cat "$OUT"

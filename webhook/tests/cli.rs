@@ -1,0 +1,195 @@
+//! The `hami-webhook` binary's offline commands: `review` and `mutate`, and `--help`.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::Write as _;
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hami-webhook");
+const HAMI_POD_REVIEW: &str = include_str!("fixtures/hami-pod.json");
+const PLAIN_POD_REVIEW: &str = include_str!("fixtures/plain-pod.json");
+
+fn run(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8(b.to_vec()).unwrap()
+}
+
+const POD_YAML: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: train-0
+  namespace: ml
+spec:
+  containers:
+    - name: train
+      image: nvcr.io/nvidia/pytorch:24.05-py3
+      env:
+        - name: CUDA_TASK_PRIORITY
+          value: "3"
+      resources:
+        limits:
+          nvidia.com/gpu: "1"
+          nvidia.com/priority: "0"
+    - name: sidecar
+      image: busybox
+"#;
+
+#[test]
+fn review_reads_stdin_or_a_file_and_answers_whatever_the_decision() {
+    let out = run(&["review"], PLAIN_POD_REVIEW);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(v["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("review.json");
+    std::fs::write(&file, HAMI_POD_REVIEW).unwrap();
+    let out = run(&["review", "-f", file.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["response"]["patchType"], "JSONPatch");
+
+    // A denial is still exit 0: the answer is the output.
+    let denied = PLAIN_POD_REVIEW.replace(
+        r#""annotations":{}"#,
+        r#""annotations":{"hami.io/limit-delivery":"FILE"}"#,
+    );
+    let out = run(&["review", "-f", "-"], &denied);
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], false);
+    assert_eq!(
+        v["response"]["status"]["message"],
+        r#"pod ml-team/train-: annotation hami.io/limit-delivery="FILE" is not one of: env, file"#
+    );
+}
+
+#[test]
+fn review_of_non_json_exits_2_with_a_message() {
+    let out = run(&["review"], "{\"apiVersion\": ");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).contains("not JSON"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["review", "-f", "/nonexistent/review.json"], "");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("/nonexistent/review.json"));
+}
+
+#[test]
+fn mutate_prints_the_mutated_pod_and_warnings() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pod.yaml");
+    std::fs::write(&file, POD_YAML).unwrap();
+    let out = run(&["mutate", "-f", file.to_str().unwrap()], "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let pod: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    assert_eq!(pod["spec"]["schedulerName"], "hami-scheduler");
+    assert_eq!(
+        pod["spec"]["containers"][0]["env"][0]["value"], "3",
+        "left alone"
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains(r#"warning: container "train" already sets CUDA_TASK_PRIORITY to "3""#),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn mutate_patch_and_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("webhook.yaml");
+    std::fs::write(
+        &config,
+        "nvidia:\n  gpuCorePolicy: force\nschedulerName: gpu-sched\n",
+    )
+    .unwrap();
+    let out = run(
+        &[
+            "mutate",
+            "-f",
+            "-",
+            "--patch",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        POD_YAML,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let patch: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        patch,
+        serde_json::json!([
+            {"op":"add","path":"/spec/schedulerName","value":"gpu-sched"},
+            {"op":"add","path":"/spec/containers/0/env/-","value":{"name":"GPU_CORE_UTILIZATION_POLICY","value":"force"}}
+        ])
+    );
+}
+
+#[test]
+fn mutate_denied_exits_1_and_bad_input_exits_2() {
+    let privileged = POD_YAML.replace(
+        "      resources:",
+        "      securityContext:\n        privileged: true\n      resources:",
+    );
+    let out = run(&["mutate", "-f", "-"], &privileged);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(
+        text(&out.stderr).starts_with(r#"denied: pod ml/train-0: container "train" is privileged"#),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["mutate", "-f", "-"], "kind: Deployment\n");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not a Pod"));
+}
+
+#[test]
+fn help_on_every_command() {
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["review", "--help"],
+        &["mutate", "--help"],
+    ] {
+        let out = run(args, "");
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(text(&out.stdout).contains("Usage"), "{args:?}");
+    }
+    let out = run(&["serve", "--help"], "");
+    let help = text(&out.stdout);
+    for flag in [
+        "--dev",
+        "--tls-cert",
+        "--tls-key",
+        "--listen",
+        "--metrics-listen",
+        "--config",
+    ] {
+        assert!(help.contains(flag), "{flag} in {help}");
+    }
+}
