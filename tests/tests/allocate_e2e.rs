@@ -564,3 +564,35 @@ async fn deleted_pod_files_are_collected_after_the_grace_period() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_lock_naming_another_pod_is_left_alone() {
+    let h = Harness::start(|hook| AllocationSettings {
+        hook_path: hook.to_path_buf(),
+        ..AllocationSettings::default()
+    })
+    .await;
+    let pod = h
+        .admit(gpu_pod("mine", &[Ctr::gpu("main", 1000, 0)], json!({})))
+        .await;
+    h.schedule(&pod, &[vec![dev(GPU_A, 1000, 0)]], false).await;
+    // The lock names a pod that does not exist: the pending pod is found by listing, and the
+    // lock, which does not name it, is not released.
+    let ghost = "2026-01-01T00:00:00Z,default,ghost";
+    h.nodes()
+        .patch(
+            NODE,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {"hami.io/mutex.lock": ghost}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    h.allocate(&[&format!("{GPU_A}-0")]).await.unwrap();
+    assert_eq!(
+        annotation(&h.pod("mine").await, "hami.io/bind-phase").unwrap(),
+        "success"
+    );
+    assert_eq!(h.node_lock().await.as_deref(), Some(ghost));
+}
