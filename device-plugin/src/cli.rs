@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, watch};
 use crate::api::{self, v1beta1};
 use crate::devices::{DeviceTable, NoGpuError, SkippedGpu};
 use crate::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
+use crate::metrics::{Metrics, Readiness};
 use crate::node_register::{self, ANNOTATION_NODE_NVIDIA_REGISTER, NodeRegisterConfig};
 use crate::nvml::NvmlInventory;
 use crate::pending_pod::KubePendingPod;
@@ -25,6 +26,9 @@ use crate::settings::{PluginSettings, SettingsError};
 #[derive(Debug, Parser)]
 #[command(name = "hami-device-plugin", version, about)]
 pub struct Cli {
+    /// Log format on stderr: `text` for people, `json` (one object per line) for log collectors.
+    #[arg(long = "log-format", env = "HAMI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -38,6 +42,37 @@ impl Cli {
         T: Into<std::ffi::OsString> + Clone,
     {
         <Self as Parser>::try_parse_from(args)
+    }
+}
+
+/// Log format (`--log-format`, `HAMI_LOG_FORMAT`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable text.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The log subscriber for `format`: level from `RUST_LOG` (default `info`), written to `writer`
+/// (the binary passes stderr), ANSI colours only when `ansi`.
+pub fn log_subscriber<W>(
+    format: LogFormat,
+    writer: W,
+    ansi: bool,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match format {
+        LogFormat::Json => Box::new(builder.json().finish()),
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
     }
 }
 
@@ -110,10 +145,21 @@ pub struct RunArgs {
     /// kubelet side alone.
     #[arg(long = "skip-node-register", env = "HAMI_SKIP_NODE_REGISTER")]
     pub skip_node_register: bool,
+    /// Plain-HTTP address for `/healthz`, `/readyz` and `/metrics`; empty or `off` disables.
+    #[arg(
+        long = "metrics-listen",
+        env = "HAMI_METRICS_LISTEN",
+        default_value = DEFAULT_METRICS_LISTEN,
+        value_name = "HOST:PORT"
+    )]
+    pub metrics_listen: String,
     /// Allocation: hook path, collector of dead pods' files.
     #[command(flatten)]
     pub allocate: crate::allocation::AllocateArgs,
 }
+
+/// Default of `--metrics-listen`.
+pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9394";
 
 /// `inventory` flags.
 #[derive(Debug, Clone, Args)]
@@ -163,6 +209,9 @@ pub enum CliError {
     /// Allocation settings are invalid (dynamic MIG, a bad config value).
     #[error(transparent)]
     Allocation(#[from] crate::allocation::config::ConfigError),
+    /// `--metrics-listen` is not an address, or cannot be bound.
+    #[error("{0}")]
+    MetricsListen(String),
     /// `plan` failed.
     #[error(transparent)]
     Plan(#[from] crate::allocation::dry_run::DryRunError),
@@ -176,6 +225,7 @@ impl CliError {
             | Self::MissingNodeName
             | Self::BadDuration { .. }
             | Self::Allocation(_)
+            | Self::MetricsListen(_)
             | Self::Plan(crate::allocation::dry_run::DryRunError::Config(_)) => 2,
             _ => 1,
         }
@@ -331,6 +381,8 @@ pub struct RunContext {
     pub source: SourceArgs,
     /// Allocation flags.
     pub allocate: crate::allocation::AllocateArgs,
+    /// Where the allocator and the collector report.
+    pub metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -361,6 +413,56 @@ pub async fn run_with_client(
     make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, CliError>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), CliError> {
+    let options = RunOptions {
+        client,
+        ..RunOptions::default()
+    };
+    run_with_options(args, options, make_allocate, shutdown).await
+}
+
+/// What an embedder (a test) may hand to [`run_with_options`] instead of the flags.
+#[derive(Default)]
+pub struct RunOptions {
+    /// The API server client (see [`run_with_client`]).
+    pub client: Option<kube::Client>,
+    /// An already-bound listener for `/healthz`, `/readyz`, `/metrics`, used instead of
+    /// `--metrics-listen` (tests bind port 0 and read the address first).
+    pub metrics_listener: Option<tokio::net::TcpListener>,
+}
+
+impl std::fmt::Debug for RunOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunOptions")
+            .field("client", &self.client.as_ref().map(|_| "kube::Client"))
+            .field("metrics_listener", &self.metrics_listener)
+            .finish()
+    }
+}
+
+/// [`run`] with [`RunOptions`].
+pub async fn run_with_options(
+    args: RunArgs,
+    options: RunOptions,
+    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, CliError>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), CliError> {
+    let RunOptions {
+        client,
+        metrics_listener,
+    } = options;
+    let metrics_listener = match metrics_listener {
+        Some(listener) => Some(listener),
+        None => match crate::metrics::parse_listen(&args.metrics_listen)
+            .map_err(CliError::MetricsListen)?
+        {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+                CliError::MetricsListen(format!("cannot listen on {addr} (--metrics-listen): {e}"))
+            })?),
+            None => None,
+        },
+    };
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::new();
     let settings = load_settings(&args.source)?;
     let node_name = args
         .source
@@ -395,6 +497,7 @@ pub async fn run_with_client(
         client: client.clone(),
         source: args.source.clone(),
         allocate: args.allocate.clone(),
+        metrics: Arc::clone(&metrics),
     };
     let allocate = make_allocate(&context)?;
     let pending: Arc<dyn PendingPodDevices> = match &client {
@@ -412,6 +515,47 @@ pub async fn run_with_client(
     spawn_health_updates(Arc::clone(&state), health_rx);
 
     let (stopping, stopped) = watch::channel(false);
+    let until_stopped = || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let ops_task = metrics_listener.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "serving /healthz, /readyz, /metrics");
+        }
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            Arc::clone(&metrics),
+            readiness.clone(),
+            until_stopped(),
+        ))
+    });
+    let devices_task = {
+        let mut table = state.table.subscribe();
+        let metrics = Arc::clone(&metrics);
+        let stop = until_stopped();
+        tokio::spawn(async move {
+            tokio::pin!(stop);
+            loop {
+                {
+                    let t = table.borrow_and_update();
+                    let healthy = t
+                        .kubelet_devices()
+                        .iter()
+                        .filter(|d| d.health == api::HEALTHY)
+                        .count();
+                    let all = t.kubelet_devices().len();
+                    metrics.set_devices(healthy, all - healthy);
+                }
+                tokio::select! {
+                    () = &mut stop => return,
+                    changed = table.changed() => if changed.is_err() { return },
+                }
+            }
+        })
+    };
     let register_task = client.map(|client| {
         let config = NodeRegisterConfig {
             node_name,
@@ -419,22 +563,27 @@ pub async fn run_with_client(
             retry,
             scaling: settings.scaling(),
         };
-        let mut stopped = stopped.clone();
-        tokio::spawn(node_register::run_node_register(
-            client,
-            config,
-            state.table.subscribe(),
-            async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            },
-        ))
+        let table = state.table.subscribe();
+        let metrics = Arc::clone(&metrics);
+        let stop = until_stopped();
+        tokio::spawn(async move {
+            node_register::run_node_register_observed(client, config, table, &metrics, stop).await;
+        })
     });
     let mut lifecycle = Lifecycle::new(&args.kubelet_dir, &settings.resource_name);
     lifecycle.watch_interval = Duration::from_millis(args.kubelet_watch_ms.max(10));
-    let result = plugin::serve(lifecycle, state, shutdown).await;
+    let result = plugin::serve_observed(lifecycle, state, &metrics, &readiness, shutdown).await;
     let _ = stopping.send(true);
     if let Some(task) = register_task {
         let _ = task.await;
+    }
+    let _ = devices_task.await;
+    if let Some(task) = ops_task {
+        match task.await {
+            Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),
+            Err(error) => tracing::warn!(%error, "metrics server task failed"),
+            Ok(Ok(())) => {}
+        }
     }
     result.map_err(CliError::from)
 }

@@ -10,6 +10,7 @@
 //! - [`node_register`]: the `hami.io/node-nvidia-register` handshake with the HAMi scheduler;
 //! - [`pending_pod`]: the pod being admitted, from the API server;
 //! - [`settings`] / [`cli`]: configuration and the command line;
+//! - [`metrics`]: Prometheus metrics, readiness, `/healthz` `/readyz` `/metrics`;
 //! - [`allocation`]: `Allocate` for HAMi-core (pod locator, device codec, plan, limits file,
 //!   collector of dead pods' files, the `plan` dry run).
 
@@ -18,6 +19,7 @@ pub mod api;
 pub mod cli;
 pub mod devices;
 pub mod inventory;
+pub mod metrics;
 pub mod node_register;
 pub mod nvml;
 pub mod pending_pod;

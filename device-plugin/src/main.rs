@@ -23,14 +23,14 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let subscriber = cli::log_subscriber(
+        cli.log_format,
+        std::io::stderr,
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
+    if let Err(error) = tracing::subscriber::set_global_default(subscriber) {
+        eprintln!("hami-device-plugin: cannot install logging: {error}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

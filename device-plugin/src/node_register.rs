@@ -154,7 +154,19 @@ pub async fn ensure_annotation(
 pub async fn run_node_register(
     client: kube::Client,
     config: NodeRegisterConfig,
+    table: watch::Receiver<DeviceTable>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let metrics = crate::metrics::Metrics::new();
+    run_node_register_observed(client, config, table, &metrics, shutdown).await;
+}
+
+/// [`run_node_register`], counting patches and failures in `metrics`.
+pub async fn run_node_register_observed(
+    client: kube::Client,
+    config: NodeRegisterConfig,
     mut table: watch::Receiver<DeviceTable>,
+    metrics: &crate::metrics::Metrics,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let nodes: Api<Node> = Api::all(client);
@@ -163,12 +175,14 @@ pub async fn run_node_register(
         let desired = register_annotation(&table.borrow_and_update(), config.scaling);
         let wait = match ensure_annotation(&nodes, &config.node_name, &desired).await {
             Ok(patched) => {
+                metrics.observe_node_patch(Ok(patched));
                 if patched {
                     tracing::info!(node = %config.node_name, annotation = ANNOTATION_NODE_NVIDIA_REGISTER, "node annotation patched");
                 }
                 config.interval
             }
             Err(error) => {
+                metrics.observe_node_patch(Err(()));
                 tracing::warn!(node = %config.node_name, %error, retry_s = config.retry.as_secs_f64(), "node annotation not updated");
                 config.retry
             }

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::api::{self, v1beta1};
+use crate::metrics::{Metrics, Readiness, ReregisterReason};
 use crate::service::{DevicePluginService, SharedState};
 
 /// Where and how the plugin meets kubelet.
@@ -205,9 +206,24 @@ pub async fn serve(
     state: Arc<SharedState>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), LifecycleError> {
+    let metrics = Arc::new(Metrics::new());
+    serve_observed(lifecycle, state, &metrics, &Readiness::new(), shutdown).await
+}
+
+/// [`serve`], counting registrations in `metrics` and keeping `readiness` current (ready from a
+/// successful registration until the next re-bind).
+pub async fn serve_observed(
+    lifecycle: Lifecycle,
+    state: Arc<SharedState>,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), LifecycleError> {
     tokio::pin!(shutdown);
     let socket = lifecycle.socket_path();
+    readiness.set_socket(socket.clone());
     loop {
+        readiness.set_registered(false);
         let bound = bind(&lifecycle, &state)?;
         tracing::info!(socket = %socket.display(), resource = %lifecycle.resource_name, "serving the device plugin");
         // Register, with backoff, until kubelet accepts or something forces a re-bind.
@@ -216,11 +232,14 @@ pub async fn serve(
         let event = loop {
             match register(&lifecycle, state.options).await {
                 Ok(()) => {
+                    metrics.observe_registration(true);
+                    readiness.set_registered(true);
                     kubelet = identity(&lifecycle.kubelet_socket());
                     tracing::info!(kubelet = %lifecycle.kubelet_socket().display(), resource = %lifecycle.resource_name, "registered with kubelet");
                     break None;
                 }
                 Err(error) => {
+                    metrics.observe_registration(false);
                     tracing::warn!(%error, retry_ms = backoff.as_millis(), "registration failed");
                 }
             }
@@ -250,6 +269,7 @@ pub async fn serve(
             },
         };
         let ours = bound.identity;
+        readiness.set_registered(false);
         bound.stop().await;
         match event {
             Event::Shutdown => {
@@ -258,9 +278,11 @@ pub async fn serve(
                 return Ok(());
             }
             Event::SocketGone => {
+                metrics.observe_reregistration(ReregisterReason::SocketGone);
                 tracing::warn!(socket = %socket.display(), "plugin socket removed; binding again")
             }
             Event::KubeletRestarted => {
+                metrics.observe_reregistration(ReregisterReason::KubeletRestarted);
                 remove_socket(&socket, ours);
                 tracing::warn!(
                     "kubelet.sock recreated (kubelet restarted); binding and registering again"

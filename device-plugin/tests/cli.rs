@@ -1,5 +1,5 @@
 //! The `hami-device-plugin` binary: `inventory` output, configuration errors and exit codes,
-//! SIGTERM cleanup of the socket.
+//! SIGTERM cleanup of the socket, `--log-format json`, `--metrics-listen` errors.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -28,6 +28,8 @@ fn plugin() -> Command {
         }
     }
     cmd.env("RUST_LOG", "info");
+    // Never the fixed default port: tests run in parallel.
+    cmd.env("HAMI_METRICS_LISTEN", "127.0.0.1:0");
     cmd
 }
 
@@ -316,4 +318,112 @@ fn node_config_applies_to_the_named_node_only() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("no GPU to advertise: 2 found, all left out")
     );
+}
+
+/// Starts `run --skip-node-register` with `extra` args, awaits the socket, sends SIGTERM, and
+/// returns (exit success, stderr).
+fn run_until_socket_then_term(extra: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let kubelet_dir = dir.path().join("device-plugins");
+    std::fs::create_dir(&kubelet_dir).unwrap();
+    let mut cmd = plugin();
+    cmd.args(["run", "--skip-node-register", "--inventory"])
+        .arg(&inventory)
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .args(extra)
+        .env("NODE_NAME", "node-a")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let socket = kubelet_dir.join("nvidia-gpu.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "no socket");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the plugin exited early"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn log_format_json_writes_one_object_per_line() {
+    for (extra, env) in [
+        (&["--log-format", "json"][..], &[][..]),
+        (&[][..], &[("HAMI_LOG_FORMAT", "json")][..]),
+    ] {
+        let (ok, log) = run_until_socket_then_term(extra, env);
+        assert!(ok, "{log}");
+        let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(!lines.is_empty());
+        let mut messages = Vec::new();
+        for line in &lines {
+            let v: serde_json::Value =
+                serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+            assert!(v["level"].is_string(), "{line}");
+            assert!(v["timestamp"].is_string(), "{line}");
+            messages.push(
+                v["fields"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            );
+        }
+        assert!(
+            messages.iter().any(|m| m == "shutting down"),
+            "{messages:?}"
+        );
+        assert!(
+            log.contains(r#""signal":"SIGTERM""#),
+            "structured field kept: {log}"
+        );
+    }
+}
+
+#[test]
+fn log_format_text_is_the_default_and_bad_values_are_refused() {
+    let (ok, log) = run_until_socket_then_term(&["--metrics-listen", "off"], &[]);
+    assert!(ok, "{log}");
+    assert!(serde_json::from_str::<serde_json::Value>(log.lines().next().unwrap()).is_err());
+    assert!(log.contains("INFO"), "{log}");
+    assert!(!log.contains("serving /healthz"), "metrics off: {log}");
+    let out = plugin()
+        .args(["--log-format", "yaml", "inventory", "--inventory", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("text") && err.contains("json"), "{err}");
+}
+
+#[test]
+fn a_bad_metrics_address_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let out = plugin()
+        .args(["run", "--skip-node-register", "--inventory"])
+        .arg(&inventory)
+        .args(["--metrics-listen", "nowhere"])
+        .env("NODE_NAME", "node-a")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--metrics-listen=nowhere"), "{err}");
 }

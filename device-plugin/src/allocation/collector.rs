@@ -209,6 +209,7 @@ pub struct Collector {
     dir: PathBuf,
     settings: CollectorSettings,
     stats: Arc<CollectorStats>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for Collector {
@@ -235,7 +236,15 @@ impl Collector {
             dir: dir.into(),
             settings,
             stats: Arc::default(),
+            metrics: Arc::default(),
         }
+    }
+
+    /// Reports passes, removals and errors to `metrics` as well as to [`Self::stats`].
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The counters.
@@ -268,6 +277,11 @@ impl Collector {
             .files_removed
             .fetch_add(report.files as u64, Ordering::Relaxed);
         self.stats.passes.fetch_add(1, Ordering::Relaxed);
+        self.metrics.observe_collector_pass(
+            report.directories as u64,
+            report.files as u64,
+            report.errors as u64,
+        );
         if report.directories + report.files > 0 {
             tracing::info!(
                 directories = report.directories,
@@ -291,6 +305,7 @@ impl Collector {
             }
             if let Err(error) = self.collect_once().await {
                 self.stats.failed_passes.fetch_add(1, Ordering::Relaxed);
+                self.metrics.observe_collector_failure();
                 tracing::warn!(%error, "collector pass skipped");
             }
         }

@@ -13,6 +13,7 @@
 //! failed`, node lock released, an Event on the pod naming the path and the error, and nothing
 //! from this call left on disk. The pod is never marked `success` before its files are durable.
 
+use crate::metrics::AllocateOutcome;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -241,6 +242,7 @@ pub struct Allocator {
     version: String,
     serial: tokio::sync::Mutex<()>,
     timings: Option<Arc<TimingLog>>,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -274,7 +276,15 @@ impl Allocator {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             serial: tokio::sync::Mutex::new(()),
             timings: None,
+            metrics: Arc::default(),
         }
+    }
+
+    /// Reports every call (outcome, latency, files published, delivery mode) to `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Records every call's [`AllocateTiming`] into `log` (benchmarks).
@@ -526,7 +536,16 @@ impl Allocator {
             }
         })?;
         timing.disk = started.elapsed();
+        if outcome.is_err() {
+            self.metrics.observe_publish_failure();
+        }
         let (written, publish) = outcome?;
+        let published = plans.iter().filter(|p| p.limits_file.is_some()).count();
+        self.metrics.observe_published(published as u64);
+        for plan in &plans {
+            self.metrics
+                .observe_delivery(plan.delivery.mode, plan.delivery.source);
+        }
         timing.publish = publish;
         for plan in &plans {
             tracing::info!(
@@ -621,15 +640,22 @@ impl AllocateHandler for Allocator {
         let located = locate(&self.client, &self.node_name, &mut trips).await;
         timing.locate = started.elapsed() - timing.queued;
         timing.api_round_trips += trips.node_gets + trips.pod_gets + trips.pod_lists;
+        let mut outcome = AllocateOutcome::Failed;
         let result = match located {
-            Err(e) => Err(Status::unavailable(format!(
-                "cannot look for the pod being allocated on node {}: {e}",
-                self.node_name
-            ))),
-            Ok(None) => Err(Status::failed_precondition(format!(
-                "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
-                self.node_name, self.node_name
-            ))),
+            Err(e) => {
+                outcome = AllocateOutcome::LookupError;
+                Err(Status::unavailable(format!(
+                    "cannot look for the pod being allocated on node {}: {e}",
+                    self.node_name
+                )))
+            }
+            Ok(None) => {
+                outcome = AllocateOutcome::NoPod;
+                Err(Status::failed_precondition(format!(
+                    "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
+                    self.node_name, self.node_name
+                )))
+            }
             Ok(Some(located)) => {
                 let selected = self.select(&located, &request, &mut timing).await;
                 // The pod's entries are erased (or nothing happened): the next call may start.
@@ -646,6 +672,10 @@ impl AllocateHandler for Allocator {
         };
         timing.total = started.elapsed();
         timing.ok = result.is_ok();
+        if result.is_ok() {
+            outcome = AllocateOutcome::Success;
+        }
+        self.metrics.observe_allocate(outcome, timing.total);
         if let Some(log) = &self.timings {
             log.push(timing);
         }

@@ -91,11 +91,11 @@ pub fn make_handler(
         ctx.node_name.clone(),
         settings.containers_dir(),
         collect,
-    );
+    )
+    .with_metrics(std::sync::Arc::clone(&ctx.metrics));
     tokio::spawn(collector.run(std::future::pending()));
-    Ok(std::sync::Arc::new(executor::Allocator::new(
-        client.clone(),
-        ctx.node_name.clone(),
-        settings,
-    )))
+    Ok(std::sync::Arc::new(
+        executor::Allocator::new(client.clone(), ctx.node_name.clone(), settings)
+            .with_metrics(std::sync::Arc::clone(&ctx.metrics)),
+    ))
 }

@@ -1,0 +1,507 @@
+//! Prometheus metrics, readiness, and the plain-HTTP `/healthz`, `/readyz`, `/metrics` server.
+//!
+//! Labels are low-cardinality by construction: outcomes, kinds, health, delivery mode and source
+//! are fixed sets. Counters are created once, so an observation costs a few atomic adds. The
+//! pure plan code knows nothing of this; the executor, collector, lifecycle and node handshake
+//! report to a shared [`Metrics`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::routing::get;
+use hami_shared::values::{DeliverySource, LimitDelivery};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+type Label = [(&'static str, &'static str); 1];
+type Label2 = [(&'static str, &'static str); 2];
+
+/// How one `Allocate` call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocateOutcome {
+    /// Answered with envs, mounts and (file mode) a published limits file.
+    Success,
+    /// The pod was found but the allocation failed (plan, disk or API error).
+    Failed,
+    /// No pod is being allocated on the node.
+    NoPod,
+    /// The API server could not be asked which pod it is.
+    LookupError,
+}
+
+impl AllocateOutcome {
+    /// The `outcome` label.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failed => "failed",
+            Self::NoPod => "no_pod",
+            Self::LookupError => "lookup_error",
+        }
+    }
+}
+
+/// Why the plugin registers again with kubelet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReregisterReason {
+    /// Our socket file disappeared.
+    SocketGone,
+    /// `kubelet.sock` was recreated (kubelet restarted).
+    KubeletRestarted,
+}
+
+/// The `source` label of a delivery source.
+#[must_use]
+pub fn delivery_source_label(source: DeliverySource) -> &'static str {
+    match source {
+        DeliverySource::PodAnnotation => "annotation",
+        DeliverySource::NodeConfig => "node",
+        DeliverySource::GlobalConfig => "global",
+        DeliverySource::Default => "default",
+    }
+}
+
+/// Every metric of the device plugin (prefix `hami_device_plugin`).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    allocations: Family<Label, Counter>,
+    allocate_latency: Histogram,
+    limits_files_published: Counter,
+    limits_file_publish_failures: Counter,
+    collector_removed: Family<Label, Counter>,
+    collector_errors: Family<Label, Counter>,
+    collector_passes: Counter,
+    registrations: Family<Label, Counter>,
+    reregistrations: Family<Label, Counter>,
+    devices: Family<Label, Gauge>,
+    node_patches: Counter,
+    node_patch_errors: Counter,
+    delivery: Family<Label2, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Register every metric in a fresh registry.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("hami_device_plugin");
+        let allocations = Family::<Label, Counter>::default();
+        registry.register(
+            "allocations",
+            "Allocate calls, by outcome (success, failed, no_pod, lookup_error)",
+            allocations.clone(),
+        );
+        let allocate_latency = Histogram::new(exponential_buckets(0.000_5, 2.0, 16));
+        registry.register(
+            "allocate_duration_seconds",
+            "Time to answer an Allocate call, any outcome",
+            allocate_latency.clone(),
+        );
+        let limits_files_published = Counter::default();
+        registry.register(
+            "limits_files_published",
+            "Limits files published (file delivery)",
+            limits_files_published.clone(),
+        );
+        let limits_file_publish_failures = Counter::default();
+        registry.register(
+            "limits_file_publish_failures",
+            "Allocations whose directory or limits file could not be written",
+            limits_file_publish_failures.clone(),
+        );
+        let collector_removed = Family::<Label, Counter>::default();
+        registry.register(
+            "collector_removed",
+            "Dead pods' entries removed by the collector, by kind (directory, file)",
+            collector_removed.clone(),
+        );
+        let collector_errors = Family::<Label, Counter>::default();
+        registry.register(
+            "collector_errors",
+            "Collector errors, by kind (pass: pass skipped; remove: an entry not removed)",
+            collector_errors.clone(),
+        );
+        let collector_passes = Counter::default();
+        registry.register(
+            "collector_passes",
+            "Collector passes completed",
+            collector_passes.clone(),
+        );
+        let registrations = Family::<Label, Counter>::default();
+        registry.register(
+            "kubelet_registrations",
+            "Registration attempts with kubelet, by result (success, failure)",
+            registrations.clone(),
+        );
+        let reregistrations = Family::<Label, Counter>::default();
+        registry.register(
+            "kubelet_reregistrations",
+            "Re-binds and re-registrations, by reason (socket_gone, kubelet_restarted)",
+            reregistrations.clone(),
+        );
+        let devices = Family::<Label, Gauge>::default();
+        registry.register(
+            "devices",
+            "Devices advertised to kubelet, by health (healthy, unhealthy)",
+            devices.clone(),
+        );
+        let node_patches = Counter::default();
+        registry.register(
+            "node_annotation_patches",
+            "Patches of the node annotation hami.io/node-nvidia-register",
+            node_patches.clone(),
+        );
+        let node_patch_errors = Counter::default();
+        registry.register(
+            "node_annotation_patch_errors",
+            "Failed checks or patches of the node annotation",
+            node_patch_errors.clone(),
+        );
+        let delivery = Family::<Label2, Counter>::default();
+        registry.register(
+            "limit_delivery",
+            "Containers allocated, by delivery mode (file, env) and where it came from (annotation, node, global, default)",
+            delivery.clone(),
+        );
+        // Create the fixed series up front so that they read 0 before the first event. One
+        // statement each: a guard from `get_or_create` must be dropped before the next call.
+        for o in [
+            AllocateOutcome::Success,
+            AllocateOutcome::Failed,
+            AllocateOutcome::NoPod,
+            AllocateOutcome::LookupError,
+        ] {
+            drop(allocations.get_or_create(&[("outcome", o.as_str())]));
+        }
+        for k in ["directory", "file"] {
+            drop(collector_removed.get_or_create(&[("kind", k)]));
+        }
+        for k in ["pass", "remove"] {
+            drop(collector_errors.get_or_create(&[("kind", k)]));
+        }
+        for r in ["success", "failure"] {
+            drop(registrations.get_or_create(&[("result", r)]));
+        }
+        for h in ["healthy", "unhealthy"] {
+            drop(devices.get_or_create(&[("health", h)]));
+        }
+        Self {
+            registry,
+            allocations,
+            allocate_latency,
+            limits_files_published,
+            limits_file_publish_failures,
+            collector_removed,
+            collector_errors,
+            collector_passes,
+            registrations,
+            reregistrations,
+            devices,
+            node_patches,
+            node_patch_errors,
+            delivery,
+        }
+    }
+
+    /// Count one `Allocate` call and its latency.
+    pub fn observe_allocate(&self, outcome: AllocateOutcome, elapsed: Duration) {
+        self.allocations
+            .get_or_create(&[("outcome", outcome.as_str())])
+            .inc();
+        self.allocate_latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Allocate calls that ended with `outcome` so far.
+    #[must_use]
+    pub fn allocations(&self, outcome: AllocateOutcome) -> u64 {
+        self.allocations
+            .get_or_create(&[("outcome", outcome.as_str())])
+            .get()
+    }
+
+    /// Count `n` published limits files.
+    pub fn observe_published(&self, n: u64) {
+        self.limits_files_published.inc_by(n);
+    }
+
+    /// Count an allocation whose files could not be written.
+    pub fn observe_publish_failure(&self) {
+        self.limits_file_publish_failures.inc();
+    }
+
+    /// Count one container's delivery mode and its source.
+    pub fn observe_delivery(&self, mode: LimitDelivery, source: DeliverySource) {
+        self.delivery
+            .get_or_create(&[
+                ("mode", mode.as_str()),
+                ("source", delivery_source_label(source)),
+            ])
+            .inc();
+    }
+
+    /// Count one completed collector pass.
+    pub fn observe_collector_pass(&self, directories: u64, files: u64, errors: u64) {
+        self.collector_passes.inc();
+        self.collector_removed
+            .get_or_create(&[("kind", "directory")])
+            .inc_by(directories);
+        self.collector_removed
+            .get_or_create(&[("kind", "file")])
+            .inc_by(files);
+        self.collector_errors
+            .get_or_create(&[("kind", "remove")])
+            .inc_by(errors);
+    }
+
+    /// Count a skipped collector pass.
+    pub fn observe_collector_failure(&self) {
+        self.collector_errors
+            .get_or_create(&[("kind", "pass")])
+            .inc();
+    }
+
+    /// Count a registration attempt.
+    pub fn observe_registration(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.registrations
+            .get_or_create(&[("result", result)])
+            .inc();
+    }
+
+    /// Count a re-bind and re-registration.
+    pub fn observe_reregistration(&self, reason: ReregisterReason) {
+        let reason = match reason {
+            ReregisterReason::SocketGone => "socket_gone",
+            ReregisterReason::KubeletRestarted => "kubelet_restarted",
+        };
+        self.reregistrations
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+
+    /// Set the advertised device counts.
+    pub fn set_devices(&self, healthy: usize, unhealthy: usize) {
+        let as_i64 = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.devices
+            .get_or_create(&[("health", "healthy")])
+            .set(as_i64(healthy));
+        self.devices
+            .get_or_create(&[("health", "unhealthy")])
+            .set(as_i64(unhealthy));
+    }
+
+    /// Count a node annotation check: `Ok(true)` patched, `Ok(false)` unchanged, `Err` failed.
+    pub fn observe_node_patch(&self, result: Result<bool, ()>) {
+        match result {
+            Ok(true) => self.node_patches.inc(),
+            Ok(false) => 0,
+            Err(()) => self.node_patch_errors.inc(),
+        };
+    }
+
+    /// The Prometheus text exposition.
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(8192);
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Ready once the plugin has registered with kubelet and its socket exists; not ready while it
+/// binds and registers again.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness {
+    registered: Arc<AtomicBool>,
+    socket: Arc<std::sync::OnceLock<PathBuf>>,
+}
+
+impl Readiness {
+    /// Not ready.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record the plugin socket's path (checked by [`Self::pending`]).
+    pub fn set_socket(&self, path: PathBuf) {
+        let _ = self.socket.set(path);
+    }
+
+    /// Registered with kubelet (true) or binding / registering again (false).
+    pub fn set_registered(&self, registered: bool) {
+        self.registered.store(registered, Ordering::Release);
+    }
+
+    /// Why not ready; `None` when ready.
+    #[must_use]
+    pub fn pending(&self) -> Option<&'static str> {
+        if !self.registered.load(Ordering::Acquire) {
+            return Some("not registered with kubelet");
+        }
+        match self.socket.get() {
+            Some(path) if path.exists() => None,
+            _ => Some("plugin socket missing"),
+        }
+    }
+
+    /// Whether ready.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        self.pending().is_none()
+    }
+}
+
+/// The health and metrics router: `/healthz`, `/readyz`, `/metrics`.
+pub fn ops_router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let readiness = readiness.clone();
+                async move {
+                    match readiness.pending() {
+                        None => (StatusCode::OK, "ready\n".to_owned()),
+                        Some(why) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: {why}\n"),
+                        ),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static(
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            ),
+                        )],
+                        metrics.encode(),
+                    )
+                }
+            }),
+        )
+}
+
+/// Where `--metrics-listen` says to serve: `None` for an empty value or `off`.
+///
+/// # Errors
+/// A value that is neither empty, `off`, nor `HOST:PORT`.
+pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, String> {
+    let v = value.trim();
+    if v.is_empty() || v.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    v.parse()
+        .map(Some)
+        .map_err(|e| format!("--metrics-listen={value}: not HOST:PORT, empty or off ({e})"))
+}
+
+/// Serve [`ops_router`] on `listener` until `shutdown` completes.
+///
+/// # Errors
+/// I/O errors from the listener.
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, ops_router(metrics, readiness))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_names_every_family() {
+        let m = Metrics::new();
+        m.observe_allocate(AllocateOutcome::Success, Duration::from_millis(3));
+        m.observe_allocate(AllocateOutcome::NoPod, Duration::from_millis(1));
+        m.observe_published(2);
+        m.observe_delivery(LimitDelivery::Env, DeliverySource::PodAnnotation);
+        m.observe_collector_pass(1, 2, 0);
+        m.observe_collector_failure();
+        m.observe_registration(true);
+        m.observe_reregistration(ReregisterReason::KubeletRestarted);
+        m.set_devices(20, 10);
+        m.observe_node_patch(Ok(true));
+        m.observe_node_patch(Err(()));
+        let text = m.encode();
+        for line in [
+            "hami_device_plugin_allocations_total{outcome=\"success\"} 1",
+            "hami_device_plugin_allocations_total{outcome=\"no_pod\"} 1",
+            "hami_device_plugin_allocations_total{outcome=\"failed\"} 0",
+            "hami_device_plugin_allocate_duration_seconds_count 2",
+            "hami_device_plugin_limits_files_published_total 2",
+            "hami_device_plugin_limits_file_publish_failures_total 0",
+            "hami_device_plugin_limit_delivery_total{mode=\"env\",source=\"annotation\"} 1",
+            "hami_device_plugin_collector_removed_total{kind=\"directory\"} 1",
+            "hami_device_plugin_collector_removed_total{kind=\"file\"} 2",
+            "hami_device_plugin_collector_errors_total{kind=\"pass\"} 1",
+            "hami_device_plugin_collector_passes_total 1",
+            "hami_device_plugin_kubelet_registrations_total{result=\"success\"} 1",
+            "hami_device_plugin_kubelet_reregistrations_total{reason=\"kubelet_restarted\"} 1",
+            "hami_device_plugin_devices{health=\"healthy\"} 20",
+            "hami_device_plugin_devices{health=\"unhealthy\"} 10",
+            "hami_device_plugin_node_annotation_patches_total 1",
+            "hami_device_plugin_node_annotation_patch_errors_total 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn readiness_needs_registration_and_the_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("nvidia-gpu.sock");
+        let r = Readiness::new();
+        r.set_socket(socket.clone());
+        assert_eq!(r.pending(), Some("not registered with kubelet"));
+        r.set_registered(true);
+        assert_eq!(r.pending(), Some("plugin socket missing"));
+        std::fs::write(&socket, "").unwrap();
+        assert!(r.is_ready());
+        r.set_registered(false);
+        assert!(!r.is_ready());
+    }
+
+    #[test]
+    fn listen_values() {
+        assert_eq!(parse_listen("").unwrap(), None);
+        assert_eq!(parse_listen("OFF").unwrap(), None);
+        assert_eq!(
+            parse_listen("0.0.0.0:9394").unwrap(),
+            Some(SocketAddr::from(([0, 0, 0, 0], 9394)))
+        );
+        assert!(parse_listen("nope").is_err());
+    }
+}
