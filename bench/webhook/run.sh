@@ -84,14 +84,21 @@ FIXTURES=(
   "kai-fraction-large:$HANDBOOK/bench/fixtures/kai-fraction-large.json"
 )
 
-# h2load against one server; prints "req_per_s p50_us p99_us failed".
-load() { # port fixture extra-args...
-  local port=$1 fixture=$2
-  shift 2
-  local log="$WORK/h2load.log" out
+# CPU time (user + system) of a process so far, in clock ticks.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+
+# h2load against one server; prints "req_per_s p50_us p99_us failed cpu_us_per_request".
+# CPU per request does not depend on what else the machine runs; requests/s and latency do.
+load() { # pid port fixture extra-args...
+  local pid=$1 port=$2 fixture=$3
+  shift 3
+  local log="$WORK/h2load.log" out t0 t1
   rm -f "$log"
+  t0=$(ticks "$pid")
   out=$(taskset -c "$LOAD_CORE" h2load --h1 -c "$CLIENTS" -m 1 -d "$fixture" \
     -H 'Content-Type: application/json' --log-file="$log" "$@" "https://127.0.0.1:$port/mutate" 2>&1)
+  t1=$(ticks "$pid")
   local rps failed
   rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
   failed=$(sed -n 's/^requests: .* \([0-9]*\) failed.*/\1/p' <<<"$out")
@@ -99,7 +106,10 @@ load() { # port fixture extra-args...
   non200=$(awk -F'\t' '$2 != 200' "$log" | wc -l)
   read -r p50 p99 < <(cut -f3 "$log" | sort -n | awk '{a[NR]=$1} END {
     i50=int(NR*0.50); if (i50<1) i50=1; i99=int(NR*0.99); if (i99<1) i99=1; print a[i50], a[i99] }')
-  echo "$rps $p50 $p99 $((failed + non200))"
+  local done_n cpu
+  done_n=$(wc -l <"$log")
+  cpu=$(awk -v d=$((t1 - t0)) -v hz="$HZ" -v n="$done_n" 'BEGIN {printf "%.1f", d * 1e6 / hz / n}')
+  echo "$rps $p50 $p99 $((failed + non200)) $cpu"
 }
 
 median() { sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
@@ -110,8 +120,8 @@ for run in $(seq 1 "$RUNS"); do
   for f in "${FIXTURES[@]}"; do
     name=${f%%:*} path=${f#*:}
     for server in ours go; do
-      port=$OURS_PORT; [ "$server" = go ] && port=$GO_PORT
-      r=$(load "$port" "$path" -n "$N")
+      port=$OURS_PORT pid=$OURS_PID; [ "$server" = go ] && port=$GO_PORT pid=$GO_PID
+      r=$(load "$pid" "$port" "$path" -n "$N")
       RES[$name,$server,$run]=$r
       echo "  run $run $name $server: $r"
     done
@@ -123,8 +133,8 @@ for run in $(seq 1 "$RUNS"); do
   for f in "${FIXTURES[@]:0:2}"; do
     name=${f%%:*} path=${f#*:}
     for server in ours go; do
-      port=$OURS_PORT; [ "$server" = go ] && port=$GO_PORT
-      r=$(load "$port" "$path" -n "$RATE_N" --rps "$RATE_PER_CLIENT")
+      port=$OURS_PORT pid=$OURS_PID; [ "$server" = go ] && port=$GO_PORT pid=$GO_PID
+      r=$(load "$pid" "$port" "$path" -n "$RATE_N" --rps "$RATE_PER_CLIENT")
       RES[rate-$name,$server,$run]=$r
       echo "  run $run rate $name $server: $r"
     done
@@ -152,13 +162,15 @@ us2ms() { awk -v u="$1" 'BEGIN {printf "%.2f", u/1000}'; }
   echo
   echo "## Throughput"
   echo
-  echo "| fixture | hami-webhook req/s | Go req/s | ratio | hami-webhook p50 / p99 ms | Go p50 / p99 ms | failed (ours/Go) |"
-  echo "|---|---:|---:|---:|---:|---:|---:|"
+  echo "| fixture | hami-webhook req/s | Go req/s | ratio | hami-webhook p50 / p99 ms | Go p50 / p99 ms | CPU µs/req (ours / Go) | CPU ratio (Go/ours) | failed (ours/Go) |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for f in "${FIXTURES[@]}"; do
     name=${f%%:*}
     o=$(col "$name" ours 1) g=$(col "$name" go 1)
     ratio=$(awk -v o="$o" -v g="$g" 'BEGIN {printf "%.2f", o/g}')
-    echo "| $name | $(printf %.0f "$o") | $(printf %.0f "$g") | **${ratio}x** | $(us2ms "$(col "$name" ours 2)") / $(us2ms "$(col "$name" ours 3)") | $(us2ms "$(col "$name" go 2)") / $(us2ms "$(col "$name" go 3)") | $(fails "$name" ours)/$(fails "$name" go) |"
+    oc=$(col "$name" ours 5) gc=$(col "$name" go 5)
+    cratio=$(awk -v o="$oc" -v g="$gc" 'BEGIN {printf "%.2f", g/o}')
+    echo "| $name | $(printf %.0f "$o") | $(printf %.0f "$g") | **${ratio}x** | $(us2ms "$(col "$name" ours 2)") / $(us2ms "$(col "$name" ours 3)") | $(us2ms "$(col "$name" go 2)") / $(us2ms "$(col "$name" go 3)") | $oc / $gc | **${cratio}x** | $(fails "$name" ours)/$(fails "$name" go) |"
   done
   echo
   echo "## Latency at $((RATE_PER_CLIENT * CLIENTS)) req/s"
@@ -178,6 +190,9 @@ us2ms() { awk -v u="$1" 'BEGIN {printf "%.2f", u/1000}'; }
   echo "|---|---:|"
   echo "| hami-webhook | $OURS_RSS |"
   echo "| Go peer | $GO_RSS |"
+  echo
+  echo "Load average while running: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the machine inflates latency and"
+  echo "lowers requests/s for both servers alike; CPU µs per request is not affected by it)."
   echo
   echo "Notes: the Go peer performs only the KAI mutation and the limit-delivery check; on \`hami-pod\` it"
   echo "returns no patch while hami-webhook applies HAMi's mutation (scheduler, CUDA_TASK_PRIORITY)."
