@@ -274,7 +274,10 @@ async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
         node_config.as_os_str(),
         "--register-interval".as_ref(),
         "0.05".as_ref(),
-    ] as [&std::ffi::OsStr; 14])
+        // Not the fixed default port: tests run in parallel.
+        "--metrics-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+    ] as [&std::ffi::OsStr; 16])
     .unwrap();
     let Command::Run(args) = cli.command else {
         panic!("not run")

@@ -1,0 +1,376 @@
+//! The device plugin's `/healthz`, `/readyz` and `/metrics` on the real `run` path (in-process
+//! API server, fake kubelet, inventory file, the real allocator and collector): not ready before
+//! kubelet is there, ready once registered, and the counters after a successful allocation, a
+//! failed one, a call with no pod, and a collector pass.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod allocate_support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use allocate_support::{Ctr, GPU_A, GPU_B, NODE, NS, WAIT, apply_webhook, dev, gpu_pod, uid};
+use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
+use hami_device_plugin::cli::{Cli, Command, RunOptions};
+use hami_tests::apiserver::ApiServer;
+use hami_tests::kubelet::FakeKubelet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+
+const INVENTORY: &str = "
+- uuid: GPU-11111111-aaaa-4000-8000-000000000001
+  name: NVIDIA H200
+  memoryMib: 143771
+  numaNode: 0
+- uuid: GPU-22222222-bbbb-4000-8000-000000000002
+  name: NVIDIA H200
+  memoryMib: 143771
+  numaNode: 1
+";
+
+/// `GET path` over a fresh HTTP/1.1 connection: (status, body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head}"));
+    (status, body.to_owned())
+}
+
+/// The value of the sample `name` (full series text, labels included) in an exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// Polls `/metrics` until `series` reaches at least `min` (each poll follows an API or file
+/// change made by the plugin's own tasks; bounded by `WAIT`).
+async fn await_sample(addr: SocketAddr, series: &str, min: f64) -> String {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, text) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        if sample(&text, series).is_some_and(|v| v >= min) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} never reached {min}:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn create_pending(pods: &Api<Pod>, pod: Value) -> Pod {
+    let pod: Pod = serde_json::from_value(apply_webhook(pod)).unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let name = created.metadata.name.clone().unwrap();
+    pods.patch_status(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Pending"}})),
+    )
+    .await
+    .unwrap()
+}
+
+/// What the HAMi scheduler writes: the node lock naming the pod, the device annotations,
+/// bind-phase allocating, and the binding.
+async fn schedule(
+    nodes: &Api<Node>,
+    pods: &Api<Pod>,
+    pod: &Pod,
+    containers: &[Vec<ContainerDevice>],
+) {
+    let name = pod.metadata.name.clone().unwrap();
+    let value = PodDevices::from_containers(containers).encode();
+    let stamp = k8s_openapi::jiff::Timestamp::now();
+    let now = stamp.as_second().to_string();
+    nodes
+        .patch(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "hami.io/mutex.lock": format!("{},{NS},{name}", stamp.strftime("%Y-%m-%dT%H:%M:%SZ"))
+            }}})),
+        )
+        .await
+        .unwrap();
+    pods.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({
+            "metadata": {"annotations": {
+                "hami.io/vgpu-node": NODE,
+                "hami.io/vgpu-time": now,
+                "hami.io/vgpu-devices-to-allocate": value,
+                "hami.io/vgpu-devices-allocated": value,
+                "hami.io/bind-phase": "allocating",
+                "hami.io/bind-time": now,
+            }},
+            "spec": {"nodeName": NODE}
+        })),
+    )
+    .await
+    .unwrap();
+}
+
+fn run_args(hook: &Path, kubelet_dir: &Path, inventory: &Path) -> Command {
+    let args: Vec<std::ffi::OsString> = vec![
+        "hami-device-plugin".into(),
+        "run".into(),
+        "--node-name".into(),
+        NODE.into(),
+        "--kubelet-dir".into(),
+        kubelet_dir.into(),
+        "--inventory".into(),
+        inventory.into(),
+        "--hook-path".into(),
+        hook.into(),
+        "--register-interval".into(),
+        "0.05".into(),
+        "--kubelet-watch-interval-ms".into(),
+        "20".into(),
+        "--collect-interval".into(),
+        "0.05".into(),
+        "--collect-grace".into(),
+        "0.001".into(),
+        // Never used: the test hands over a listener on port 0.
+        "--metrics-listen".into(),
+        "off".into(),
+    ];
+    Cli::parse_args(args).unwrap().command
+}
+
+#[tokio::test]
+async fn probes_and_counters_on_the_run_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = dir.path().join("hook");
+    std::fs::create_dir_all(hook.join("vgpu")).unwrap();
+    let kubelet_dir = dir.path().join("kubelet");
+    std::fs::create_dir_all(&kubelet_dir).unwrap();
+    let inventory = dir.path().join("inventory.yaml");
+    std::fs::write(&inventory, INVENTORY).unwrap();
+    let server = ApiServer::start().await.unwrap();
+    server
+        .seed(&hami_tests::apiserver::fixtures::gpu_node(NODE, 0).unwrap())
+        .unwrap();
+    let Command::Run(args) = run_args(&hook, &kubelet_dir, &inventory) else {
+        panic!("not run")
+    };
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let plugin = tokio::spawn(hami_device_plugin::cli::run_with_options(
+        args,
+        RunOptions {
+            client: Some(server.client()),
+            metrics_listener: Some(listener),
+        },
+        hami_device_plugin::allocation::make_handler,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    // No kubelet yet: the socket is there, registration fails, not ready; alive all the same.
+    let text = await_sample(
+        addr,
+        "hami_device_plugin_kubelet_registrations_total{result=\"failure\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        sample(
+            &text,
+            "hami_device_plugin_kubelet_registrations_total{result=\"success\"}"
+        ),
+        Some(0.0)
+    );
+    assert!(kubelet_dir.join("nvidia-gpu.sock").exists());
+    let (status, body) = get(addr, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not registered with kubelet"), "{body}");
+    let (status, body) = get(addr, "/healthz").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+
+    // kubelet comes: registered, ready.
+    let kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
+    kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, body) = get(addr, "/readyz").await;
+        if status == 200 {
+            assert_eq!(body, "ready\n");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = await_sample(
+        addr,
+        "hami_device_plugin_node_annotation_patches_total",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        sample(&text, "hami_device_plugin_devices{health=\"healthy\"}"),
+        Some(20.0)
+    );
+    assert_eq!(
+        sample(&text, "hami_device_plugin_devices{health=\"unhealthy\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "hami_device_plugin_kubelet_registrations_total{result=\"success\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "hami_device_plugin_node_annotation_patch_errors_total"
+        ),
+        Some(0.0)
+    );
+
+    let mut client = kubelet.plugin().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), NS);
+    let nodes: Api<Node> = Api::all(server.client());
+
+    // No pod being allocated.
+    let status = client
+        .allocate(&[vec![format!("{GPU_A}-0")]])
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+
+    // One success (file delivery by default: one limits file).
+    let ok = create_pending(
+        &pods,
+        gpu_pod("ok", &[Ctr::gpu("main", 1000, 0)], json!({})),
+    )
+    .await;
+    schedule(&nodes, &pods, &ok, &[vec![dev(GPU_A, 1000, 0)]]).await;
+    client
+        .allocate(&[vec![format!("{GPU_A}-0")]])
+        .await
+        .unwrap();
+    let limits = hook
+        .join("vgpu/containers")
+        .join(format!("{}_main.limits", uid(&ok)));
+    assert!(limits.exists());
+
+    // One failure: the scheduler assigned two devices, kubelet asks for one.
+    let bad = create_pending(
+        &pods,
+        gpu_pod("bad", &[Ctr::gpu("main", 1000, 0)], json!({})),
+    )
+    .await;
+    schedule(
+        &nodes,
+        &pods,
+        &bad,
+        &[vec![dev(GPU_A, 1000, 0), dev(GPU_B, 1000, 0)]],
+    )
+    .await;
+    let status = client
+        .allocate(&[vec![format!("{GPU_B}-0")]])
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+
+    let (_, text) = get(addr, "/metrics").await;
+    for (series, want) in [
+        (
+            "hami_device_plugin_allocations_total{outcome=\"success\"}",
+            1.0,
+        ),
+        (
+            "hami_device_plugin_allocations_total{outcome=\"failed\"}",
+            1.0,
+        ),
+        (
+            "hami_device_plugin_allocations_total{outcome=\"no_pod\"}",
+            1.0,
+        ),
+        (
+            "hami_device_plugin_allocations_total{outcome=\"lookup_error\"}",
+            0.0,
+        ),
+        ("hami_device_plugin_allocate_duration_seconds_count", 3.0),
+        ("hami_device_plugin_limits_files_published_total", 1.0),
+        ("hami_device_plugin_limits_file_publish_failures_total", 0.0),
+        (
+            "hami_device_plugin_limit_delivery_total{mode=\"file\",source=\"default\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
+    }
+
+    // The pod goes away: the collector (grace 1 ms) removes its directory and limits file.
+    pods.delete("ok", &DeleteParams::default()).await.unwrap();
+    let text = await_sample(
+        addr,
+        "hami_device_plugin_collector_removed_total{kind=\"file\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        sample(
+            &text,
+            "hami_device_plugin_collector_removed_total{kind=\"directory\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "hami_device_plugin_collector_errors_total{kind=\"remove\"}"
+        ),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "hami_device_plugin_collector_errors_total{kind=\"pass\"}"
+        ),
+        Some(0.0)
+    );
+    assert!(sample(&text, "hami_device_plugin_collector_passes_total").unwrap() >= 1.0);
+    assert!(!limits.exists());
+    let (status, _) = get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+
+    stop.send(()).unwrap();
+    tokio::time::timeout(WAIT, plugin)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!kubelet_dir.join("nvidia-gpu.sock").exists());
+    // The listener closed with the plugin.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
