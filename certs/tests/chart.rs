@@ -1453,8 +1453,11 @@ fn device_plugin_args_and_env_are_what_its_cli_reads() {
         .find_subcommand("run")
         .cloned()
         .expect("hami-device-plugin has `run`");
+    // The sub-command's own arguments and the global ones (`--log-format`).
+    let top = Cli::command();
     let env_read: BTreeSet<String> = run
         .get_arguments()
+        .chain(top.get_arguments().filter(|a| a.is_global_set()))
         .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
         .collect();
     for s in rendered().scenarios.values() {
@@ -1486,6 +1489,38 @@ fn device_plugin_args_and_env_are_what_its_cli_reads() {
                 run_args.source.inventory.is_none(),
                 "NVML, not an inventory file, in a cluster"
             );
+            // Probes and the metrics port: the address the plugin listens on (HAMI_METRICS_LISTEN)
+            // is the container's `metrics` port, which both probes use.
+            let listen = c
+                .env
+                .iter()
+                .flatten()
+                .find(|e| e.name == "HAMI_METRICS_LISTEN")
+                .and_then(|e| e.value.clone())
+                .unwrap_or_else(|| panic!("{}: no HAMI_METRICS_LISTEN", s.name));
+            let addr = hami_device_plugin::metrics::parse_listen(&listen)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{}: metrics off", s.name));
+            let metrics_port = c
+                .ports
+                .iter()
+                .flatten()
+                .find(|p| p.name.as_deref() == Some("metrics"))
+                .map(|p| p.container_port);
+            assert_eq!(metrics_port, Some(i32::from(addr.port())), "{}", s.name);
+            for (probe, path) in [
+                (c.liveness_probe.as_ref(), "/healthz"),
+                (c.readiness_probe.as_ref(), "/readyz"),
+            ] {
+                let get = probe.unwrap().http_get.as_ref().unwrap();
+                assert_eq!(get.path.as_deref(), Some(path), "{}", s.name);
+                assert_eq!(
+                    get.port,
+                    IntOrString::String("metrics".into()),
+                    "{}",
+                    s.name
+                );
+            }
             // Every variable the chart sets for the plugin is one its CLI reads (the others are
             // for the logger, the NVIDIA runtime, and the NVML health checks).
             for e in c.env.iter().flatten() {
