@@ -1,7 +1,8 @@
 //! The device plugin's `/healthz`, `/readyz` and `/metrics` on the real `run` path (in-process
 //! API server, fake kubelet, inventory file, the real allocator and collector): not ready before
 //! kubelet is there, ready once registered, and the counters after a successful allocation, a
-//! failed one, a call with no pod, and a collector pass.
+//! failed one, a call with no pod, a collector pass, a GPU turning unhealthy, and a kubelet
+//! restart (re-registration counted, ready again).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod allocate_support;
@@ -214,7 +215,7 @@ async fn probes_and_counters_on_the_run_path() {
     assert_eq!((status, body.as_str()), (200, "ok\n"));
 
     // kubelet comes: registered, ready.
-    let kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
+    let mut kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
     kubelet.wait_for_registration(1, WAIT).await.unwrap();
     let deadline = Instant::now() + WAIT;
     loop {
@@ -361,8 +362,54 @@ async fn probes_and_counters_on_the_run_path() {
     );
     assert!(sample(&text, "hami_device_plugin_collector_passes_total").unwrap() >= 1.0);
     assert!(!limits.exists());
-    let (status, _) = get(addr, "/metrics").await;
-    assert_eq!(status, 200);
+
+    // A GPU turns unhealthy (the inventory file is re-read every second): the gauge follows.
+    std::fs::write(
+        &inventory,
+        INVENTORY.replace("  numaNode: 1\n", "  numaNode: 1\n  healthy: false\n"),
+    )
+    .unwrap();
+    let text = await_sample(
+        addr,
+        "hami_device_plugin_devices{health=\"unhealthy\"}",
+        10.0,
+    )
+    .await;
+    assert_eq!(
+        sample(&text, "hami_device_plugin_devices{health=\"healthy\"}"),
+        Some(10.0)
+    );
+
+    // kubelet restarts (its sockets and ours deleted): the plugin binds and registers again,
+    // counts it, and is ready again.
+    kubelet.restart().await.unwrap();
+    kubelet.wait_for_registration(2, WAIT).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, text) = get(addr, "/metrics").await;
+        let again = ["socket_gone", "kubelet_restarted"]
+            .iter()
+            .filter_map(|r| {
+                sample(
+                    &text,
+                    &format!("hami_device_plugin_kubelet_reregistrations_total{{reason=\"{r}\"}}"),
+                )
+            })
+            .sum::<f64>();
+        let (status, _) = get(addr, "/readyz").await;
+        if again >= 1.0 && status == 200 {
+            assert_eq!(
+                sample(
+                    &text,
+                    "hami_device_plugin_kubelet_registrations_total{result=\"success\"}"
+                ),
+                Some(2.0)
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "not registered again:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     stop.send(()).unwrap();
     tokio::time::timeout(WAIT, plugin)
