@@ -1,8 +1,8 @@
 //! The device plugin's `/healthz`, `/readyz` and `/metrics` on the real `run` path (in-process
 //! API server, fake kubelet, inventory file, the real allocator and collector): not ready before
 //! kubelet is there, ready once registered, and the counters after a successful allocation, a
-//! failed one, a call with no pod, a collector pass, a GPU turning unhealthy, and a kubelet
-//! restart (re-registration counted, ready again).
+//! failed one, a failed publication, a call with no pod, a collector pass, a GPU turning
+//! unhealthy, and a kubelet restart (re-registration counted, ready again).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod allocate_support;
@@ -302,6 +302,22 @@ async fn probes_and_counters_on_the_run_path() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
 
+    // A publication failure: the limits file's name is taken by a non-empty directory.
+    let blocked = create_pending(
+        &pods,
+        gpu_pod("blocked", &[Ctr::gpu("main", 1000, 0)], json!({})),
+    )
+    .await;
+    schedule(&nodes, &pods, &blocked, &[vec![dev(GPU_B, 1000, 0)]]).await;
+    let blocker = hook
+        .join("vgpu/containers")
+        .join(format!("{}_main.limits", uid(&blocked)));
+    std::fs::create_dir_all(blocker.join("x")).unwrap();
+    client
+        .allocate(&[vec![format!("{GPU_B}-1")]])
+        .await
+        .unwrap_err();
+
     let (_, text) = get(addr, "/metrics").await;
     for (series, want) in [
         (
@@ -310,7 +326,7 @@ async fn probes_and_counters_on_the_run_path() {
         ),
         (
             "hami_device_plugin_allocations_total{outcome=\"failed\"}",
-            1.0,
+            2.0,
         ),
         (
             "hami_device_plugin_allocations_total{outcome=\"no_pod\"}",
@@ -320,9 +336,9 @@ async fn probes_and_counters_on_the_run_path() {
             "hami_device_plugin_allocations_total{outcome=\"lookup_error\"}",
             0.0,
         ),
-        ("hami_device_plugin_allocate_duration_seconds_count", 3.0),
+        ("hami_device_plugin_allocate_duration_seconds_count", 4.0),
         ("hami_device_plugin_limits_files_published_total", 1.0),
-        ("hami_device_plugin_limits_file_publish_failures_total", 0.0),
+        ("hami_device_plugin_limits_file_publish_failures_total", 1.0),
         (
             "hami_device_plugin_limit_delivery_total{mode=\"file\",source=\"default\"}",
             1.0,

@@ -540,12 +540,6 @@ impl Allocator {
             self.metrics.observe_publish_failure();
         }
         let (written, publish) = outcome?;
-        let published = plans.iter().filter(|p| p.limits_file.is_some()).count();
-        self.metrics.observe_published(published as u64);
-        for plan in &plans {
-            self.metrics
-                .observe_delivery(plan.delivery.mode, plan.delivery.source);
-        }
         timing.publish = publish;
         for plan in &plans {
             tracing::info!(
@@ -598,6 +592,13 @@ impl Allocator {
                 "LimitsFileValueSkipped"
             };
             self.event(pod, "Warning", reason, warning).await;
+        }
+        // Counted once the allocation stands (a failed pod patch above removes the files again).
+        let published = plans.iter().filter(|p| p.limits_file.is_some()).count();
+        self.metrics.observe_published(published as u64);
+        for plan in &plans {
+            self.metrics
+                .observe_delivery(plan.delivery.mode, plan.delivery.source);
         }
         Ok(v1beta1::AllocateResponse {
             container_responses: plans.iter().map(AllocationPlan::response).collect(),
