@@ -6,11 +6,13 @@
 #
 #   bench/kai/run.sh                       # RUNS=3 N=40000 N_LARGE=10000
 #
-# Like for like: the Go peer runs with -vram 16384 and delivers the limit as an env var only;
-# hami-webhook runs with --per-gpu-vram-mib 16384 once in env delivery (kai.limitDelivery: env,
-# the same mutation plus validation) and once in the default file delivery (also the per-container
-# limits-file annotations, the downward-API volume and the /overrideEnv mounts); a third
-# hami-webhook takes the basis from a 10,000-node NodeList (--nodes) instead.
+# Like for like: the Go peer runs with -vram 16384, preloads into every container and delivers the
+# limit as an env var only; `ours-env-all` is hami-webhook with --per-gpu-vram-mib 16384,
+# kai.preloadContainers: all and kai.limitDelivery: env: the same mutation, plus validation.
+# The others are hami-webhook's defaults (preload into the fraction container only): `ours-env`
+# (env delivery), `ours-file` (file delivery: also the per-container limits-file annotations, the
+# downward-API volume and the /overrideEnv mounts), and `ours-nodes` (file delivery, basis from a
+# 10,000-node NodeList given with --nodes instead of --per-gpu-vram-mib).
 #
 # Needs: h2load (nghttp2-client), go (golang-go), openssl, taskset, python3.
 set -euo pipefail
@@ -52,6 +54,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
   -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
 printf 'kai:\n  limitDelivery: env\n' >"$WORK/env-mode.yaml"
+printf 'kai:\n  limitDelivery: env\n  preloadContainers: all\n' >"$WORK/env-all.yaml"
 python3 - "$WORK/nodes.json" <<'PY'
 import json, sys
 sizes = [81920, 81559, 16384, 23028, 23034, 46068]  # every pod may land anywhere: min is 16384
@@ -62,6 +65,12 @@ items = [{"metadata": {"name": f"gpu-{i:05d}", "labels": {
     "kubernetes.io/hostname": f"gpu-{i:05d}"}}} for i in range(10000)]
 json.dump({"apiVersion": "v1", "kind": "NodeList", "items": items}, open(sys.argv[1], "w"))
 PY
+
+# Ports of their own (bench/webhook/run.sh uses 18443/18090/19443): a server that cannot bind must
+# not let the load go to someone else's.
+for p in 28443 28444 28445 28446 28090 28091 28092 28093 29443; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "port $p is in use" >&2; exit 1; fi
+done
 
 # name port metrics-port args...
 start_ours() {
@@ -75,16 +84,17 @@ start_ours() {
   cat "$WORK/$name.log"; exit 1
 }
 echo "== starting servers on core $SERVER_CORE"
-start_ours ours-env 18443 18090 --config "$WORK/env-mode.yaml" --per-gpu-vram-mib 16384
-start_ours ours-file 18444 18091 --per-gpu-vram-mib 16384
-start_ours ours-nodes 18445 18092 --nodes "$WORK/nodes.json"
+start_ours ours-env-all 28446 28093 --config "$WORK/env-all.yaml" --per-gpu-vram-mib 16384
+start_ours ours-env 28443 28090 --config "$WORK/env-mode.yaml" --per-gpu-vram-mib 16384
+start_ours ours-file 28444 28091 --per-gpu-vram-mib 16384
+start_ours ours-nodes 28445 28092 --nodes "$WORK/nodes.json"
 taskset -c "$SERVER_CORE" "$WORK/go-peer-bin" -cert "$WORK/cert.pem" -key "$WORK/key.pem" \
-  -listen 127.0.0.1:19443 -vram 16384 >"$WORK/go.log" 2>&1 &
+  -listen 127.0.0.1:29443 -vram 16384 >"$WORK/go.log" 2>&1 &
 PIDS+=("$!")
-for _ in $(seq 1 100); do curl -sk -o /dev/null https://127.0.0.1:19443/mutate && break; sleep 0.1; done
+for _ in $(seq 1 100); do curl -sk -o /dev/null https://127.0.0.1:29443/mutate && break; sleep 0.1; done
 
-declare -A PORT=([go]=19443 [ours-env]=18443 [ours-file]=18444 [ours-nodes]=18445)
-SERVERS=(go ours-env ours-file ours-nodes)
+declare -A PORT=([go]=29443 [ours-env-all]=28446 [ours-env]=28443 [ours-file]=28444 [ours-nodes]=28445)
+SERVERS=(go ours-env-all ours-env ours-file ours-nodes)
 FIXTURES=(
   "kai-fraction-small:$HANDBOOK/bench/fixtures/kai-fraction-small.json:$N"
   "kai-fraction-large:$HANDBOOK/bench/fixtures/kai-fraction-large.json:$N_LARGE"
@@ -133,13 +143,13 @@ fails() { local t=0; for run in $(seq 1 "$RUNS"); do t=$((t + $(awk '{print $2}'
   echo "$LOAD_CORE: \`taskset -c $LOAD_CORE h2load --h1 -c $CLIENTS -m 1 -n N -d FIXTURE\` over TLS (keep-alive); N = $N (small),"
   echo "$N_LARGE (large). Medians of $RUNS runs, all servers in the same run. Ratio = hami-webhook / Go."
   echo
-  echo "| fixture | Go \`-vram 16384\` req/s | ours, env delivery req/s (ratio) | ours, file delivery req/s (ratio) | ours, file, basis from 10k-node \`--nodes\` req/s (ratio) | failed/non-2xx (Go/env/file/nodes) |"
-  echo "|---|---:|---:|---:|---:|---:|"
+  echo "| fixture | Go \`-vram 16384\` req/s | ours, same mutation (preload all, env) req/s (ratio) | ours default preload, env delivery (ratio) | ours default: file delivery (ratio) | ours, file, basis from 10k-node \`--nodes\` (ratio) | failed/non-2xx (Go/all/env/file/nodes) |"
+  echo "|---|---:|---:|---:|---:|---:|---:|"
   for f in "${FIXTURES[@]}"; do
     IFS=: read -r name _ _ <<<"$f"
     g=$(col "$name" go)
     cell() { local o; o=$(col "$name" "$1"); printf '%.0f (**%.2fx**)' "$o" "$(awk -v o="$o" -v g="$g" 'BEGIN {print o/g}')"; }
-    echo "| $name | $(printf %.0f "$g") | $(cell ours-env) | $(cell ours-file) | $(cell ours-nodes) | $(fails "$name" go)/$(fails "$name" ours-env)/$(fails "$name" ours-file)/$(fails "$name" ours-nodes) |"
+    echo "| $name | $(printf %.0f "$g") | $(cell ours-env-all) | $(cell ours-env) | $(cell ours-file) | $(cell ours-nodes) | $(fails "$name" go)/$(fails "$name" ours-env-all)/$(fails "$name" ours-env)/$(fails "$name" ours-file)/$(fails "$name" ours-nodes) |"
   done
 } >"$OUT"
 echo "== wrote $OUT"
