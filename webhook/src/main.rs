@@ -116,8 +116,10 @@ fn main() -> ExitCode {
     }
     init_logging(settings.server.log_format);
     // KAI: the per-GPU VRAM basis (PER_GPU_VRAM_MIB, --nodes, or the server's node watch).
+    // `serve --dev` runs without a cluster: no node watch (it could never sync, so /readyz would
+    // stay false); gpu-fraction pods get no cap there unless --per-gpu-vram-mib or --nodes says.
     let (vram, watch) = match &cli.command {
-        Command::Serve(a) => (&a.vram, true),
+        Command::Serve(a) => (&a.vram, !a.dev),
         Command::Review(a) => (&a.vram, false),
         Command::Mutate(a) => (&a.vram, false),
     };
@@ -313,6 +315,11 @@ fn dev_certs(settings: &Settings) -> Result<CertSource, String> {
         settings.server.listen.ip().to_string()
     };
     println!("dev mode: throwaway CA written to {}", ca.display());
+    if settings.kai.per_gpu_vram_mib.is_none() {
+        println!(
+            "dev mode: no node watch; gpu-fraction pods get no cap unless --per-gpu-vram-mib N or --nodes FILE is given"
+        );
+    }
     println!("example review written to {}", example.display());
     println!("try:");
     println!(
