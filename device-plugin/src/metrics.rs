@@ -89,6 +89,8 @@ pub struct Metrics {
     node_patches: Counter,
     node_patch_errors: Counter,
     delivery: Family<Label2, Counter>,
+    pod_lookups: Family<Label, Counter>,
+    stale_pod_retries: Counter,
 }
 
 impl Default for Metrics {
@@ -180,6 +182,18 @@ impl Metrics {
             "Containers allocated, by delivery mode (file, env) and where it came from (annotation, node, global, default)",
             delivery.clone(),
         );
+        let pod_lookups = Family::<Label, Counter>::default();
+        registry.register(
+            "allocate_pod_lookups",
+            "Pods selected by Allocate, by where they were read (cache: the watch-fed view of the node's pods; api: a GET or LIST)",
+            pod_lookups.clone(),
+        );
+        let stale_pod_retries = Counter::default();
+        registry.register(
+            "allocate_stale_pod_retries",
+            "Allocate selections refused by the API server because the pod had changed (409) or was gone, then retried from the API server",
+            stale_pod_retries.clone(),
+        );
         // Create the fixed series up front so that they read 0 before the first event. One
         // statement each: a guard from `get_or_create` must be dropped before the next call.
         for o in [
@@ -189,6 +203,9 @@ impl Metrics {
             AllocateOutcome::LookupError,
         ] {
             drop(allocations.get_or_create(&[("outcome", o.as_str())]));
+        }
+        for source in ["cache", "api"] {
+            drop(pod_lookups.get_or_create(&[("source", source)]));
         }
         for k in ["directory", "file"] {
             drop(collector_removed.get_or_create(&[("kind", k)]));
@@ -217,7 +234,33 @@ impl Metrics {
             node_patches,
             node_patch_errors,
             delivery,
+            pod_lookups,
+            stale_pod_retries,
         }
+    }
+
+    /// Count one pod selected by Allocate, read from the cache or the API server.
+    pub fn observe_pod_lookup(&self, from_cache: bool) {
+        let source = if from_cache { "cache" } else { "api" };
+        self.pod_lookups.get_or_create(&[("source", source)]).inc();
+    }
+
+    /// Count one selection retried because the pod read was stale.
+    pub fn observe_stale_pod_retry(&self) {
+        self.stale_pod_retries.inc();
+    }
+
+    /// Pods selected so far from the cache (`true`) or the API server.
+    #[must_use]
+    pub fn pod_lookups(&self, from_cache: bool) -> u64 {
+        let source = if from_cache { "cache" } else { "api" };
+        self.pod_lookups.get_or_create(&[("source", source)]).get()
+    }
+
+    /// Selections retried so far because the pod read was stale.
+    #[must_use]
+    pub fn stale_pod_retries(&self) -> u64 {
+        self.stale_pod_retries.get()
     }
 
     /// Count one `Allocate` call and its latency.

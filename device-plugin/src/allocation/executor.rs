@@ -1,9 +1,14 @@
 //! The executor: the thin I/O around [`super::plan`]. For each `Allocate` call:
 //!
+//! 0. **before the lock**: read the node lock `hami.io/mutex.lock` (one node GET);
 //! 1. **under a node-wide lock** (one allocation selects at a time): find the pod
-//!    ([`super::locator`]), decode its devices ([`super::codec`]), plan each requested container
-//!    (pure), and erase their entries from `hami.io/vgpu-devices-to-allocate` with one merge patch
-//!    — after which no other call can select them;
+//!    ([`super::locator`]; from the watch-fed [`PodCache`] when it holds it, else from the API
+//!    server), decode its devices ([`super::codec`]), plan each requested container (pure), and
+//!    erase their entries from `hami.io/vgpu-devices-to-allocate` with one merge patch that
+//!    carries the pod's `resourceVersion` — after which no other call can select them. When the
+//!    API server refuses the patch because the pod changed (409) or is gone, the pod is read again
+//!    from the API server and the selection redone (at most [`MAX_SELECT_ATTEMPTS`] times): no
+//!    plan is ever made from a stale pod;
 //! 2. **outside the lock**, so that the fsyncs of concurrent calls overlap instead of queueing:
 //!    recreate each per-container directory and publish its limits file atomically (on a
 //!    blocking thread); then, when no NVIDIA entry is left, `hami.io/bind-phase: success` and the
@@ -32,7 +37,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tonic::Status;
 
 use super::codec::PodDevices;
-use super::locator::{LocateTrips, Located, locate};
+use super::locator::{LocateTrips, Located, Source, locate_with, node_lock};
+use super::pod_cache::PodCache;
 use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_container, pod_key};
 use crate::api::v1beta1;
 use crate::devices::DeviceTable;
@@ -42,12 +48,18 @@ use crate::service::AllocateHandler;
 /// are created there by whatever UID the container's processes run as (HAMi uses 0777 too).
 pub const CONTAINER_DIR_MODE: u32 = 0o777;
 
+/// Selections tried per `Allocate` call: the first may read the pod from the cache; the others
+/// read it from the API server after the API server refused the patch (the pod had changed).
+pub const MAX_SELECT_ATTEMPTS: u32 = 3;
+
 /// Where one allocation spent its time (for logs and the benchmark).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AllocateTiming {
     /// Waiting for the node-wide allocation lock.
     pub queued: Duration,
-    /// Finding the pod (node GET, then pod GET or LIST).
+    /// Reading the node lock (node GET, before the queue).
+    pub node_get: Duration,
+    /// Finding the pod (node GET, then the cache or a pod GET or LIST; every attempt).
     pub locate: Duration,
     /// Directory creation and limits file publication (includes the fsyncs).
     pub disk: Duration,
@@ -61,6 +73,10 @@ pub struct AllocateTiming {
     pub total: Duration,
     /// API round trips made.
     pub api_round_trips: u32,
+    /// The pod selected was read from the watch-fed cache (not the API server).
+    pub from_cache: bool,
+    /// Selections redone because the pod read had changed.
+    pub retries: u32,
     /// Whether the call succeeded.
     pub ok: bool,
 }
@@ -203,6 +219,9 @@ struct Failure {
     status: Status,
     /// Event message (names the path and the error for disk failures).
     message: String,
+    /// The API server refused the selection because the pod read was not its current version
+    /// (409) or is gone (404): read it again and retry.
+    stale: bool,
 }
 
 impl Failure {
@@ -211,6 +230,7 @@ impl Failure {
         Self {
             status: Status::failed_precondition(message.clone()),
             message,
+            stale: false,
         }
     }
 
@@ -222,6 +242,7 @@ impl Failure {
         Self {
             status: Status::internal(message.clone()),
             message,
+            stale: false,
         }
     }
 
@@ -230,6 +251,7 @@ impl Failure {
         Self {
             status: Status::unavailable(message.clone()),
             message,
+            stale: false,
         }
     }
 }
@@ -241,6 +263,7 @@ pub struct Allocator {
     settings: AllocationSettings,
     version: String,
     serial: tokio::sync::Mutex<()>,
+    cache: Option<Arc<PodCache>>,
     timings: Option<Arc<TimingLog>>,
     metrics: Arc<crate::metrics::Metrics>,
 }
@@ -275,6 +298,7 @@ impl Allocator {
             settings,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             serial: tokio::sync::Mutex::new(()),
+            cache: None,
             timings: None,
             metrics: Arc::default(),
         }
@@ -284,6 +308,14 @@ impl Allocator {
     #[must_use]
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Reads pods from `cache` first (kept current by [`PodCache::run`]); the pods this allocator
+    /// patches are put back into it.
+    #[must_use]
+    pub fn with_pod_cache(mut self, cache: Arc<PodCache>) -> Self {
+        self.cache = Some(cache);
         self
     }
 
@@ -304,22 +336,35 @@ impl Allocator {
         self.settings.libvgpu_host_path(&self.version, exists)
     }
 
+    /// Merge-patches the pod's annotations. With `precondition`, the patch carries the pod's
+    /// `resourceVersion`: the API server answers 409 unless `pod` is its current version. The
+    /// patched pod goes back into the cache.
     async fn patch_pod_annotations(
         &self,
         pod: &Pod,
         annotations: serde_json::Value,
+        precondition: bool,
     ) -> Result<Pod, kube::Error> {
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or("default"),
         );
-        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
-        api.patch(
-            pod.metadata.name.as_deref().unwrap_or(""),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
+        let mut metadata = serde_json::json!({ "annotations": annotations });
+        if precondition && let Some(rv) = &pod.metadata.resource_version {
+            metadata["resourceVersion"] = serde_json::Value::String(rv.clone());
+        }
+        let patch = serde_json::json!({ "metadata": metadata });
+        let patched = api
+            .patch(
+                pod.metadata.name.as_deref().unwrap_or(""),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        if let Some(cache) = &self.cache {
+            cache.observe(&patched);
+        }
+        Ok(patched)
     }
 
     /// Removes the node lock if it still has the value that named this pod (a JSON patch `test`
@@ -405,6 +450,7 @@ impl Allocator {
             .patch_pod_annotations(
                 pod,
                 serde_json::json!({ ANNOTATION_BIND_PHASE: BIND_PHASE_FAILED }),
+                false,
             )
             .await
         {
@@ -446,6 +492,7 @@ impl Allocator {
                 Failure {
                     status: Status::failed_precondition(message.clone()),
                     message,
+                    stale: false,
                 }
             })?;
         let mut devices = PodDevices::decode(value).map_err(|source| {
@@ -464,6 +511,7 @@ impl Allocator {
                 return Err(Failure {
                     status: Status::failed_precondition(message.clone()),
                     message,
+                    stale: false,
                 });
             };
             let plan = plan_container(
@@ -484,16 +532,81 @@ impl Allocator {
             .patch_pod_annotations(
                 pod,
                 serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: devices.encode() }),
+                true,
             )
             .await;
         timing.patch_pod += started.elapsed();
         patched.map_err(|e| {
-            Failure::api(&format!("cannot update the annotations of pod {key}"), &e)
+            let stale = matches!(&e, kube::Error::Api(s) if s.code == 409 || s.code == 404);
+            let mut failure =
+                Failure::api(&format!("cannot update the annotations of pod {key}"), &e);
+            failure.stale = stale;
+            failure
         })?;
         Ok(Selection {
             plans,
             done: !devices.has_nvidia(),
         })
+    }
+
+    fn lookup_error(node: &str, e: &kube::Error) -> (AllocateOutcome, Status) {
+        (
+            AllocateOutcome::LookupError,
+            Status::unavailable(format!(
+                "cannot look for the pod being allocated on node {node}: {e}"
+            )),
+        )
+    }
+
+    /// Under the node-wide lock: find the pod (the cache first, then the API server) and select
+    /// its containers; when the API server refuses the selection because the pod read was stale,
+    /// read it again from the API server and retry. `Err` when no pod could be looked for or
+    /// found (nothing was written); otherwise the pod and the selection's outcome.
+    async fn choose(
+        &self,
+        lock: Option<&str>,
+        request: &v1beta1::AllocateRequest,
+        timing: &mut AllocateTiming,
+        trips: &mut LocateTrips,
+    ) -> Result<(Located, Result<Selection, Failure>), (AllocateOutcome, Status)> {
+        let mut attempt = 1;
+        loop {
+            let started = Instant::now();
+            let cache = if attempt == 1 {
+                self.cache.as_deref()
+            } else {
+                None
+            };
+            let found = locate_with(&self.client, &self.node_name, lock, cache, trips).await;
+            timing.locate += started.elapsed();
+            let (located, source) = match found {
+                Err(e) => return Err(Self::lookup_error(&self.node_name, &e)),
+                Ok(None) => {
+                    return Err((
+                        AllocateOutcome::NoPod,
+                        Status::failed_precondition(format!(
+                            "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
+                            self.node_name, self.node_name
+                        )),
+                    ));
+                }
+                Ok(Some(found)) => found,
+            };
+            timing.from_cache = source == Source::Cache;
+            let selected = self.select(&located, request, timing).await;
+            match selected {
+                Err(failure) if failure.stale && attempt < MAX_SELECT_ATTEMPTS => {
+                    tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %failure.message, "pod changed since it was read; reading it again");
+                    self.metrics.observe_stale_pod_retry();
+                    timing.retries += 1;
+                    attempt += 1;
+                }
+                selected => {
+                    self.metrics.observe_pod_lookup(timing.from_cache);
+                    return Ok((located, selected));
+                }
+            }
+        }
     }
 
     /// Phase 2, outside the node-wide lock (so that the fsyncs of concurrent calls overlap):
@@ -533,6 +646,7 @@ impl Allocator {
             Failure {
                 status: Status::internal(message.clone()),
                 message,
+                stale: false,
             }
         })?;
         timing.disk = started.elapsed();
@@ -560,6 +674,7 @@ impl Allocator {
                 .patch_pod_annotations(
                     pod,
                     serde_json::json!({ ANNOTATION_BIND_PHASE: BIND_PHASE_SUCCESS }),
+                    false,
                 )
                 .await;
             timing.patch_pod += started.elapsed();
@@ -635,32 +750,30 @@ impl AllocateHandler for Allocator {
     ) -> Result<v1beta1::AllocateResponse, Status> {
         let started = Instant::now();
         let mut timing = AllocateTiming::default();
-        let serial = self.serial.lock().await;
-        timing.queued = started.elapsed();
         let mut trips = LocateTrips::default();
-        let located = locate(&self.client, &self.node_name, &mut trips).await;
-        timing.locate = started.elapsed() - timing.queued;
+        // The node lock is read before queueing: it names the pod kubelet is calling for now.
+        let lock = node_lock(&self.client, &self.node_name, &mut trips).await;
+        timing.node_get = started.elapsed();
+        timing.locate = timing.node_get;
+        let chosen = match lock {
+            Err(e) => Err(Self::lookup_error(&self.node_name, &e)),
+            Ok(lock) => {
+                let queued = Instant::now();
+                let _serial = self.serial.lock().await;
+                timing.queued = queued.elapsed();
+                self.choose(lock.as_deref(), &request, &mut timing, &mut trips)
+                    .await
+                // The pod's entries are erased (or nothing happened): the next call may start.
+            }
+        };
         timing.api_round_trips += trips.node_gets + trips.pod_gets + trips.pod_lists;
         let mut outcome = AllocateOutcome::Failed;
-        let result = match located {
-            Err(e) => {
-                outcome = AllocateOutcome::LookupError;
-                Err(Status::unavailable(format!(
-                    "cannot look for the pod being allocated on node {}: {e}",
-                    self.node_name
-                )))
+        let result = match chosen {
+            Err((o, status)) => {
+                outcome = o;
+                Err(status)
             }
-            Ok(None) => {
-                outcome = AllocateOutcome::NoPod;
-                Err(Status::failed_precondition(format!(
-                    "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
-                    self.node_name, self.node_name
-                )))
-            }
-            Ok(Some(located)) => {
-                let selected = self.select(&located, &request, &mut timing).await;
-                // The pod's entries are erased (or nothing happened): the next call may start.
-                drop(serial);
+            Ok((located, selected)) => {
                 let result = match selected {
                     Ok(selection) => self.execute(&located, selection, &mut timing).await,
                     Err(failure) => Err(failure),

@@ -9,6 +9,10 @@
 //! would pick it again and fail the *next* pod's allocation with "device request not found"; a
 //! malformed annotation is not passed over (the allocation fails loudly on it).
 //!
+//! With a watch-fed [`PodCache`], `Allocate` reads the pod from it instead of the API server
+//! (the node lock is always read from the API server); see [`super::pod_cache`] for why a stale
+//! view cannot cause a wrong allocation.
+//!
 //! One locator for both callers: `Allocate` ([`super::executor`]) and `GetPreferredAllocation`
 //! ([`crate::pending_pod::KubePendingPod`] delegates here).
 
@@ -16,6 +20,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
 
 use super::codec::PodDevices;
+use super::pod_cache::PodCache;
 use crate::pending_pod::{is_pending_here, lock_holder};
 use hami_shared::names::{ANNOTATION_MUTEX_LOCK, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE};
 
@@ -49,34 +54,92 @@ pub struct LocateTrips {
     pub pod_lists: u32,
 }
 
+/// Where [`locate_with`] found the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The watch-fed [`PodCache`] (selected with a resourceVersion precondition).
+    Cache,
+    /// The API server (GET or LIST).
+    Api,
+}
+
+/// Reads the node lock `hami.io/mutex.lock` (one node GET).
+pub async fn node_lock(
+    client: &kube::Client,
+    node_name: &str,
+    trips: &mut LocateTrips,
+) -> Result<Option<String>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    trips.node_gets += 1;
+    let node = nodes.get(node_name).await?;
+    Ok(node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_MUTEX_LOCK))
+        .cloned())
+}
+
 /// Finds the pod being allocated on `node_name`; `None` when there is none.
 pub async fn locate(
     client: &kube::Client,
     node_name: &str,
     trips: &mut LocateTrips,
 ) -> Result<Option<Located>, kube::Error> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    trips.node_gets += 1;
-    let node = nodes.get(node_name).await?;
-    let lock = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_MUTEX_LOCK))
-        .cloned();
+    let lock = node_lock(client, node_name, trips).await?;
+    Ok(locate_with(client, node_name, lock.as_deref(), None, trips)
+        .await?
+        .map(|(located, _)| located))
+}
+
+/// Finds the pod being allocated on `node_name`, given the node lock's value: the pod the lock
+/// names, else the first pending pod on the node. With a synced `cache`, the pod is taken from it
+/// when it holds one that qualifies; otherwise (and without a cache) from the API server.
+pub async fn locate_with(
+    client: &kube::Client,
+    node_name: &str,
+    lock: Option<&str>,
+    cache: Option<&PodCache>,
+    trips: &mut LocateTrips,
+) -> Result<Option<(Located, Source)>, kube::Error> {
     if let Some(lock) = lock
-        && let Some((namespace, name)) = lock_holder(&lock)
+        && let Some((namespace, name)) = lock_holder(lock)
     {
-        let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-        trips.pod_gets += 1;
-        if let Some(pod) = pods.get_opt(name).await?
+        let (pod, source) = match cache.and_then(|c| c.get(namespace, name)) {
+            Some(pod) => (Some(pod), Source::Cache),
+            None => {
+                let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+                trips.pod_gets += 1;
+                (pods.get_opt(name).await?, Source::Api)
+            }
+        };
+        if let Some(pod) = pod
             && !fully_allocated(&pod)
         {
-            return Ok(Some(Located {
-                pod,
-                lock: Some(lock.clone()),
-            }));
+            return Ok(Some((
+                Located {
+                    pod,
+                    lock: Some(lock.to_owned()),
+                },
+                source,
+            )));
         }
+    }
+    // The lock still goes with the pod it names when that pod is found by listing.
+    let located = |pod: Pod| {
+        let named = lock.and_then(lock_holder)
+            == pod
+                .metadata
+                .namespace
+                .as_deref()
+                .zip(pod.metadata.name.as_deref());
+        Located {
+            pod,
+            lock: lock.filter(|_| named).map(str::to_owned),
+        }
+    };
+    if let Some(pod) = cache.and_then(|c| c.first_pending(node_name)) {
+        return Ok(Some((located(pod), Source::Cache)));
     }
     let pods: Api<Pod> = Api::all(client.clone());
     trips.pod_lists += 1;
@@ -87,5 +150,5 @@ pub async fn locate(
         .items
         .into_iter()
         .find(|p| is_pending_here(p, node_name) && !fully_allocated(p))
-        .map(|pod| Located { pod, lock: None }))
+        .map(|pod| (located(pod), Source::Api)))
 }

@@ -5,6 +5,7 @@
 //! - [`codec`]: `hami.io/vgpu-devices-to-allocate`, decoded and encoded as HAMi does;
 //! - [`locator`]: the pod being allocated (node lock, else the pending pod);
 //! - [`plan`]: the pure [`plan::AllocationPlan`];
+//! - [`pod_cache`]: the watch-fed view of this node's pods the locator reads first;
 //! - [`executor`]: [`executor::Allocator`], the [`crate::service::AllocateHandler`];
 //! - [`collector`]: removal of dead pods' directories and limits files;
 //! - [`config`]: the settings the plan needs, from the device and node config files;
@@ -17,6 +18,7 @@ pub mod dry_run;
 pub mod executor;
 pub mod locator;
 pub mod plan;
+pub mod pod_cache;
 
 use std::path::PathBuf;
 
@@ -47,7 +49,8 @@ pub struct AllocateArgs {
 }
 
 /// The `Allocate` handler `run` installs: the [`executor::Allocator`] with its settings from the
-/// device and node config (dynamic MIG refused here, at start), and the [`collector::Collector`]
+/// device and node config (dynamic MIG refused here, at start), reading pods from a
+/// [`pod_cache::PodCache`] fed by a watch of the node's pods, and the [`collector::Collector`]
 /// started beside it. Without an API server client (`--skip-node-register`) the pod cannot be
 /// found, so only `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
 pub fn make_handler(
@@ -94,8 +97,16 @@ pub fn make_handler(
     )
     .with_metrics(std::sync::Arc::clone(&ctx.metrics));
     tokio::spawn(collector.run(std::future::pending()));
+    // The pods bound to this node, watched, so that Allocate finds its pod without a LIST.
+    let pods = pod_cache::PodCache::new();
+    tokio::spawn(std::sync::Arc::clone(&pods).run(
+        client.clone(),
+        ctx.node_name.clone(),
+        std::future::pending(),
+    ));
     Ok(std::sync::Arc::new(
         executor::Allocator::new(client.clone(), ctx.node_name.clone(), settings)
-            .with_metrics(std::sync::Arc::clone(&ctx.metrics)),
+            .with_metrics(std::sync::Arc::clone(&ctx.metrics))
+            .with_pod_cache(pods),
     ))
 }

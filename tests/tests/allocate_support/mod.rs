@@ -16,6 +16,7 @@ use std::time::Duration;
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::allocation::executor::{Allocator, TimingLog};
 use hami_device_plugin::allocation::plan::AllocationSettings;
+use hami_device_plugin::allocation::pod_cache::PodCache;
 use hami_device_plugin::api::v1beta1;
 use hami_device_plugin::devices::DeviceTable;
 use hami_device_plugin::inventory::{DeviceFilter, FileInventory, GpuInventory};
@@ -145,7 +146,20 @@ pub struct Harness {
     pub client: PluginClient,
     pub hook: PathBuf,
     pub timings: Arc<TimingLog>,
+    /// The allocator's view of the node's pods (fed by a pod watch unless started with
+    /// [`PodView::Manual`]).
+    pub cache: Arc<PodCache>,
+    pub metrics: Arc<hami_device_plugin::metrics::Metrics>,
     pub dir: tempfile::TempDir,
+}
+
+/// How the allocator's pod cache is fed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodView {
+    /// By a pod watch, as `run` does (waits for the first list).
+    Watch,
+    /// Only by the test (and the allocator's own patches): lets a test make it stale.
+    Manual,
 }
 
 impl Harness {
@@ -155,9 +169,26 @@ impl Harness {
         Self::start_in(dir, make).await
     }
 
+    /// Same, with the pod cache fed as `view` says.
+    pub async fn start_with(
+        view: PodView,
+        make: impl FnOnce(&Path) -> AllocationSettings,
+    ) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        Self::start_full(dir, view, make).await
+    }
+
     /// Same, in `dir` (the hook path is `dir/hook`).
     pub async fn start_in(
         dir: tempfile::TempDir,
+        make: impl FnOnce(&Path) -> AllocationSettings,
+    ) -> Self {
+        Self::start_full(dir, PodView::Watch, make).await
+    }
+
+    async fn start_full(
+        dir: tempfile::TempDir,
+        view: PodView,
         make: impl FnOnce(&Path) -> AllocationSettings,
     ) -> Self {
         let hook = dir.path().join("hook");
@@ -172,8 +203,24 @@ impl Harness {
             .unwrap();
         let settings = make(&hook);
         let timings = Arc::new(TimingLog::default());
-        let allocator =
-            Allocator::new(server.client(), NODE, settings).with_timings(timings.clone());
+        let cache = PodCache::new();
+        if view == PodView::Watch {
+            tokio::spawn(Arc::clone(&cache).run(
+                server.client(),
+                NODE.to_owned(),
+                std::future::pending(),
+            ));
+            let deadline = tokio::time::Instant::now() + WAIT;
+            while !cache.is_synced() {
+                assert!(tokio::time::Instant::now() < deadline, "pod cache never synced");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        let metrics = Arc::new(hami_device_plugin::metrics::Metrics::new());
+        let allocator = Allocator::new(server.client(), NODE, settings)
+            .with_timings(timings.clone())
+            .with_pod_cache(Arc::clone(&cache))
+            .with_metrics(Arc::clone(&metrics));
         let gpus = FileInventory::new(&inventory).discover().unwrap();
         let (table, _) = DeviceTable::build(gpus, &DeviceFilter::default(), 10, false).unwrap();
         let state = SharedState::new(
@@ -196,6 +243,8 @@ impl Harness {
             client,
             hook,
             timings,
+            cache,
+            metrics,
             dir,
         }
     }

@@ -1,0 +1,183 @@
+//! `Allocate` with its watch-fed pod cache: a pod found in the cache costs no pod GET or LIST,
+//! and a stale cache never leads to a plan made from an old version of the pod (the selection
+//! patch carries the pod's resourceVersion; a 409 or 404 makes the plugin read the pod again from
+//! the API server).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod allocate_support;
+
+use std::time::Duration;
+
+use allocate_support::*;
+use hami_device_plugin::allocation::plan::AllocationSettings;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+fn settings(hook: &std::path::Path) -> AllocationSettings {
+    AllocationSettings {
+        hook_path: hook.to_path_buf(),
+        ..AllocationSettings::default()
+    }
+}
+
+/// Waits until the cache holds `name` with a non-empty devices annotation.
+async fn wait_cached(h: &Harness, name: &str) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if h.cache
+            .get(NS, name)
+            .is_some_and(|p| annotation(&p, "hami.io/vgpu-devices-to-allocate").is_some())
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never reached the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_pod_in_the_cache_is_allocated_without_a_pod_get_or_list() {
+    let h = Harness::start_with(PodView::Watch, settings).await;
+    for (name, lock) in [("locked", true), ("listed", false)] {
+        let pod = h
+            .admit(gpu_pod(name, &[Ctr::gpu("main", 3000, 40)], json!({})))
+            .await;
+        h.schedule(&pod, &[vec![dev(GPU_A, 3000, 40)]], lock).await;
+        wait_cached(&h, name).await;
+        h.timings.take();
+        let response = h.allocate(&[&format!("{GPU_A}-1")]).await.unwrap();
+        assert!(
+            response
+                .mounts
+                .iter()
+                .any(|m| m.container_path == "/overrideEnv"),
+            "{name}"
+        );
+        let timing = h.timings.take().pop().unwrap();
+        assert!(timing.ok && timing.from_cache, "{name}: {timing:?}");
+        assert_eq!(timing.retries, 0, "{name}");
+        // node GET, the selection patch, bind-phase success (+ the lock release).
+        assert_eq!(
+            timing.api_round_trips,
+            if lock { 4 } else { 3 },
+            "{name}: {timing:?}"
+        );
+        let pod = h.pod(name).await;
+        assert_eq!(annotation(&pod, "hami.io/bind-phase").unwrap(), "success");
+        assert_eq!(
+            annotation(&pod, "hami.io/vgpu-devices-to-allocate").unwrap(),
+            ";"
+        );
+        assert_eq!(h.node_lock().await, None, "{name}");
+    }
+    assert_eq!(h.metrics.pod_lookups(true), 2);
+    assert_eq!(h.metrics.pod_lookups(false), 0);
+    assert_eq!(h.metrics.stale_pod_retries(), 0);
+}
+
+#[tokio::test]
+async fn a_stale_cached_pod_is_read_again_and_its_current_version_decides() {
+    let h = Harness::start_with(PodView::Manual, settings).await;
+    let pod = h
+        .admit(gpu_pod("stale", &[Ctr::gpu("main", 4000, 30)], json!({})))
+        .await;
+    h.schedule(&pod, &[vec![dev(GPU_B, 4000, 30)]], true).await;
+    // The cache holds the scheduled pod...
+    let scheduled = h.pod("stale").await;
+    h.cache.begin_list();
+    h.cache.list_item(scheduled.clone());
+    h.cache.end_list();
+    // ...then the pod changes behind its back: env delivery requested.
+    h.pods()
+        .patch(
+            "stale",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"hami.io/limit-delivery": "env"}}})),
+        )
+        .await
+        .unwrap();
+    h.timings.take();
+    let response = h.allocate(&[&format!("{GPU_B}-2")]).await.unwrap();
+    // The plan came from the current pod: env mode, no limits file, no /overrideEnv mount.
+    assert!(
+        response
+            .mounts
+            .iter()
+            .all(|m| m.container_path != "/overrideEnv"),
+        "{:?}",
+        response.mounts
+    );
+    assert_eq!(
+        response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "4000m",
+        "{:?}",
+        response.envs
+    );
+    assert_eq!(
+        names(&h.containers_dir()),
+        [format!("{}_main", uid(&pod))]
+    );
+    let timing = h.timings.take().pop().unwrap();
+    assert!(timing.ok && !timing.from_cache, "{timing:?}");
+    assert_eq!(timing.retries, 1);
+    assert_eq!(h.metrics.stale_pod_retries(), 1);
+    assert_eq!(h.metrics.pod_lookups(false), 1);
+    let now = h.pod("stale").await;
+    assert_eq!(annotation(&now, "hami.io/bind-phase").unwrap(), "success");
+    assert_eq!(
+        annotation(&now, "hami.io/vgpu-devices-to-allocate").unwrap(),
+        ";"
+    );
+    assert_eq!(h.node_lock().await, None);
+    // The allocator put its own writes back into the cache: it holds the current version.
+    assert_eq!(
+        h.cache.get(NS, "stale").unwrap().metadata.resource_version,
+        now.metadata.resource_version
+    );
+    assert!(h.events("stale").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_cached_pod_that_was_deleted_is_not_allocated() {
+    let h = Harness::start_with(PodView::Manual, settings).await;
+    let pod = h
+        .admit(gpu_pod("gone", &[Ctr::gpu("main", 1000, 0)], json!({})))
+        .await;
+    h.schedule(&pod, &[vec![dev(GPU_A, 1000, 0)]], false).await;
+    h.cache.begin_list();
+    h.cache.list_item(h.pod("gone").await);
+    h.cache.end_list();
+    h.pods()
+        .delete("gone", &DeleteParams::default())
+        .await
+        .unwrap();
+    let status = h.allocate(&[&format!("{GPU_A}-0")]).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        status.message().contains("no pod is being allocated"),
+        "{}",
+        status.message()
+    );
+    assert!(!h.containers_dir().exists());
+    assert_eq!(h.metrics.stale_pod_retries(), 1);
+}
+
+#[tokio::test]
+async fn an_unsynced_cache_is_not_read() {
+    // Manual view, never listed: every pod comes from the API server, as without a cache.
+    let h = Harness::start_with(PodView::Manual, settings).await;
+    let pod = h
+        .admit(gpu_pod("api", &[Ctr::gpu("main", 1500, 10)], json!({})))
+        .await;
+    h.cache.apply(h.pod("api").await);
+    h.schedule(&pod, &[vec![dev(GPU_A, 1500, 10)]], true).await;
+    h.timings.take();
+    h.allocate(&[&format!("{GPU_A}-4")]).await.unwrap();
+    let timing = h.timings.take().pop().unwrap();
+    assert!(timing.ok && !timing.from_cache && timing.retries == 0, "{timing:?}");
+    // node GET, pod GET (the lock names it), selection, success, lock release.
+    assert_eq!(timing.api_round_trips, 5);
+    assert_eq!(h.metrics.pod_lookups(false), 1);
+}
