@@ -153,7 +153,7 @@ async fn concurrent(h: &Harness, n: usize, width: usize) -> Run {
     }
 }
 
-/// The disk floor: `publish_atomic` alone (write, fsync, chmod, rename, fsync directory) of a
+/// The disk floor: `publish_atomic` alone (write, chmod, fsync, rename, fsync directory) of a
 /// limits file into a directory on the same disk, `n` times, sequentially and `width` at once.
 fn disk_probe(dir: &std::path::Path, n: usize, width: usize) -> String {
     let text = hami_shared::limits_file::EXAMPLE.as_bytes();

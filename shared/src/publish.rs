@@ -2,9 +2,10 @@
 //!
 //! A truncated limits file is worse than none: `CUDA_DEVICE_MEMORY_LIMIT_0=30` (cut from `3000m`)
 //! reads as 30 bytes. So the bytes go to a temporary file in the **same** directory (a rename is
-//! atomic only within one file system), which is written, `fsync`ed, `chmod 0644`ed (explicitly,
-//! so the umask does not matter), renamed over the final name, and then the directory is `fsync`ed
-//! so that the rename itself survives a power loss. A crash leaves at most a temporary file, which
+//! atomic only within one file system), which is written, `chmod 0644`ed (explicitly, so the
+//! umask does not matter) and `fsync`ed, renamed over the final name, and then the directory is
+//! `fsync`ed so that the rename itself survives a power loss. A crash leaves at most a temporary
+//! file, which
 //! [`sweep_temp_files`] removes at start.
 
 use std::fs::{self, File, OpenOptions, Permissions};
@@ -198,16 +199,17 @@ pub fn publish_atomic(
             path: temp_path.clone(),
             source,
         })?;
-    file.sync_all().map_err(|source| PublishError::SyncFile {
-        path: temp_path.clone(),
-        source,
-    })?;
-    // fchmod, not the creation mode: the creation mode is filtered by the umask.
+    // fchmod, not the creation mode: the creation mode is filtered by the umask. Before the
+    // fsync, so that one fsync makes the contents and the mode durable together.
     file.set_permissions(Permissions::from_mode(PUBLISHED_MODE))
         .map_err(|source| PublishError::Chmod {
             path: temp_path.clone(),
             source,
         })?;
+    file.sync_all().map_err(|source| PublishError::SyncFile {
+        path: temp_path.clone(),
+        source,
+    })?;
     drop(file);
     fs::rename(&temp_path, &final_path).map_err(|source| PublishError::Rename {
         from: temp_path.clone(),

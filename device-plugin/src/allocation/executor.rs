@@ -63,7 +63,7 @@ pub struct AllocateTiming {
     pub locate: Duration,
     /// Directory creation and limits file publication (includes the fsyncs).
     pub disk: Duration,
-    /// Of `disk`: `publish_atomic` (write, fsync file, chmod, rename, fsync directory).
+    /// Of `disk`: `publish_atomic` (write, chmod, fsync file, rename, fsync directory).
     pub publish: Duration,
     /// Patching the pod's annotations.
     pub patch_pod: Duration,
