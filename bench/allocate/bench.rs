@@ -153,6 +153,38 @@ async fn concurrent(h: &Harness, n: usize, width: usize) -> Run {
     }
 }
 
+fn merge(into: &mut Option<Run>, run: Run) {
+    match into {
+        None => *into = Some(run),
+        Some(r) => {
+            r.latencies.extend(run.latencies);
+            r.timings.extend(run.timings);
+            r.errors += run.errors;
+            r.wall += run.wall;
+        }
+    }
+}
+
+/// `n` allocations on each of `a` and `b`, in alternating chunks of `chunk` (so that a disk or
+/// CPU that drifts during the phase weighs on both alike); `width` 1 is the sequential phase.
+async fn interleaved(a: &Harness, b: &Harness, n: usize, width: usize, chunk: usize) -> (Run, Run) {
+    let (mut ra, mut rb) = (None, None);
+    let mut done = 0;
+    while done < n {
+        let k = chunk.min(n - done);
+        for (h, r) in [(a, &mut ra), (b, &mut rb)] {
+            let run = if width == 1 {
+                sequential(h, k).await
+            } else {
+                concurrent(h, k, width).await
+            };
+            merge(r, run);
+        }
+        done += k;
+    }
+    (ra.unwrap(), rb.unwrap())
+}
+
 /// The disk floor: `publish_atomic` alone (write, chmod, fsync, rename, fsync directory) of a
 /// limits file into a directory on the same disk, `n` times, sequentially and `width` at once.
 fn disk_probe(dir: &std::path::Path, n: usize, width: usize) -> String {
@@ -289,17 +321,23 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut n = 1000usize;
     let mut width = 8usize;
+    let mut rest = 0u64;
     let mut dir = std::env::temp_dir();
     while let Some(a) = args.next() {
         match a.as_str() {
             "--allocations" => n = args.next().unwrap().parse().unwrap(),
             "--concurrency" => width = args.next().unwrap().parse().unwrap(),
+            "--rest" => rest = args.next().unwrap().parse().unwrap(),
             "--dir" => dir = args.next().unwrap().into(),
             other => {
-                panic!("unknown argument {other}; use --allocations N --concurrency N --dir DIR")
+                panic!(
+                    "unknown argument {other}; use --allocations N --concurrency N --rest SECONDS --dir DIR"
+                )
             }
         }
     }
+    // Before each measured phase: let the disk recover from the previous one (see run.sh).
+    let pause = || std::thread::sleep(Duration::from_secs(rest));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -309,17 +347,37 @@ fn main() {
             .prefix("hami-allocate-bench")
             .tempdir_in(&dir)
             .unwrap();
-        let h = Harness::start_in(tmp, |hook| AllocationSettings {
+        let settings = |hook: &std::path::Path| AllocationSettings {
             hook_path: hook.to_path_buf(),
             ..AllocationSettings::default()
-        })
-        .await;
+        };
+        // The plugin as `run` starts it: pods read from its watch-fed cache.
+        let h = Harness::start_in(tmp, settings).await;
+        // The baseline, same disk: no cache, every pod read from the API server (GET or LIST).
+        let base_tmp = tempfile::Builder::new()
+            .prefix("hami-allocate-bench")
+            .tempdir_in(&dir)
+            .unwrap();
+        let base = Harness::start_full(base_tmp, PodView::Off, settings).await;
         // Warm-up (connections, caches), not reported.
         let _ = sequential(&h, 20).await;
-        let seq = sequential(&h, n).await;
-        let con = concurrent(&h, n, width).await;
+        let _ = sequential(&base, 20).await;
+        pause();
+        let (seq, mut seq_base) = interleaved(&h, &base, n, 1, 50).await;
+        pause();
+        let (mut con, mut con_base) = interleaved(&h, &base, n, width, width * 8).await;
+        seq_base.name = "sequential, no pod cache (baseline)".into();
+        con.name = format!("{width} concurrent");
+        con_base.name = format!("{width} concurrent, no pod cache (baseline)");
         println!("hook path (local disk): {}\n", h.hook.display());
-        print!("{}", report(&[seq, con]));
+        println!(
+            "Each phase alternates between the plugin as `run` starts it (pods read from its watch-fed cache) and the baseline (no cache: every pod read from the API server), in chunks, on the same disk.\n"
+        );
+        if rest > 0 {
+            println!("Each phase started after a {rest} s pause (disk recovery).\n");
+        }
+        print!("{}", report(&[seq, seq_base, con, con_base]));
+        pause();
         print!("{}", disk_probe(&h.hook, n, width));
     });
 }

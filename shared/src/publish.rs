@@ -5,8 +5,7 @@
 //! atomic only within one file system), which is written, `chmod 0644`ed (explicitly, so the
 //! umask does not matter) and `fsync`ed, renamed over the final name, and then the directory is
 //! `fsync`ed so that the rename itself survives a power loss. A crash leaves at most a temporary
-//! file, which
-//! [`sweep_temp_files`] removes at start.
+//! file, which [`sweep_temp_files`] removes at start.
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};

@@ -11,9 +11,42 @@ use allocate_support::*;
 use hami_device_plugin::allocation::plan::AllocationSettings;
 use serde_json::json;
 
+/// How the plugin's pod cache stands when the calls come.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cache {
+    /// Fed by the pod watch, as `run` does.
+    Watched,
+    /// None: every pod read from the API server.
+    Off,
+    /// Holds every pod as scheduled, but each pod has changed since: every first selection is
+    /// refused (409) and redone from the API server.
+    Stale,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_allocations_leave_every_file_whole_and_every_annotation_right() {
-    let h = Harness::start(|hook| AllocationSettings {
+    scenario(Cache::Watched).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_allocations_without_a_pod_cache() {
+    scenario(Cache::Off).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_allocations_with_a_stale_pod_cache() {
+    let h = scenario(Cache::Stale).await;
+    // Each call's first selection came from the stale cache and was refused by the API server.
+    assert!(h.metrics.stale_pod_retries() >= 1);
+}
+
+async fn scenario(cache: Cache) -> Harness {
+    let view = match cache {
+        Cache::Watched => PodView::Watch,
+        Cache::Off => PodView::Off,
+        Cache::Stale => PodView::Manual,
+    };
+    let h = Harness::start_with(view, |hook| AllocationSettings {
         hook_path: hook.to_path_buf(),
         ..AllocationSettings::default()
     })
@@ -44,6 +77,24 @@ async fn concurrent_allocations_leave_every_file_whole_and_every_annotation_righ
         // No node lock: several pods are bound and pending at once, found by listing.
         h.schedule(&pod, &devices, false).await;
         pods.push(pod);
+    }
+    if cache == Cache::Stale {
+        h.cache.begin_list();
+        for pod in &pods {
+            h.cache
+                .list_item(h.pod(pod.metadata.name.as_deref().unwrap()).await);
+        }
+        h.cache.end_list();
+        for pod in &pods {
+            h.pods()
+                .patch(
+                    pod.metadata.name.as_deref().unwrap(),
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+                )
+                .await
+                .unwrap();
+        }
     }
 
     let mut calls = tokio::task::JoinSet::new();
@@ -125,4 +176,8 @@ async fn concurrent_allocations_leave_every_file_whole_and_every_annotation_righ
         h.timings.take().iter().filter(|t| t.ok).count(),
         expected.len()
     );
+    if cache == Cache::Off {
+        assert_eq!(h.metrics.pod_lookups(true), 0);
+    }
+    h
 }

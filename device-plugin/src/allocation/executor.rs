@@ -1,14 +1,16 @@
 //! The executor: the thin I/O around [`super::plan`]. For each `Allocate` call:
 //!
 //! 0. **before the lock**: read the node lock `hami.io/mutex.lock` (one node GET);
-//! 1. **under a node-wide lock** (one allocation selects at a time): find the pod
-//!    ([`super::locator`]; from the watch-fed [`PodCache`] when it holds it, else from the API
-//!    server), decode its devices ([`super::codec`]), plan each requested container (pure), and
-//!    erase their entries from `hami.io/vgpu-devices-to-allocate` with one merge patch that
-//!    carries the pod's `resourceVersion` — after which no other call can select them. When the
-//!    API server refuses the patch because the pod changed (409) or is gone, the pod is read again
-//!    from the API server and the selection redone (at most [`MAX_SELECT_ATTEMPTS`] times): no
-//!    plan is ever made from a stale pod;
+//! 1. **under a node-wide lock, in memory only**: find the pod ([`super::locator`]; from the
+//!    watch-fed [`PodCache`] when it holds it, else from the API server), decode its devices
+//!    ([`super::codec`]), plan each requested container (pure), and *claim* the pod: the cache
+//!    shows its entries erased, so the next call passes over them, and a call that finds the
+//!    same pod (its next container) waits until this claim has settled;
+//! 1b. **outside the lock**: erase the entries from `hami.io/vgpu-devices-to-allocate` with one
+//!    merge patch that carries the pod's `resourceVersion`. The API server accepts it only if the
+//!    pod read was current, so a stale cache can never cause a wrong selection: on 409 (or 404)
+//!    the claim is dropped, the pod is read again from the API server and the selection redone
+//!    (at most [`MAX_SELECT_ATTEMPTS`] times);
 //! 2. **outside the lock**, so that the fsyncs of concurrent calls overlap instead of queueing:
 //!    recreate each per-container directory and publish its limits file atomically (on a
 //!    blocking thread); then, when no NVIDIA entry is left, `hami.io/bind-phase: success` and the
@@ -262,7 +264,10 @@ pub struct Allocator {
     node_name: String,
     settings: AllocationSettings,
     version: String,
+    /// Held while a call locates and claims its pod (in memory; no round trip under it).
     serial: tokio::sync::Mutex<()>,
+    /// Claims on pods whose selection patch is in flight, and the ones settled meanwhile.
+    claims: Mutex<Claims>,
     cache: Option<Arc<PodCache>>,
     timings: Option<Arc<TimingLog>>,
     metrics: Arc<crate::metrics::Metrics>,
@@ -298,6 +303,7 @@ impl Allocator {
             settings,
             version: env!("CARGO_PKG_VERSION").to_owned(),
             serial: tokio::sync::Mutex::new(()),
+            claims: Mutex::default(),
             cache: None,
             timings: None,
             metrics: Arc::default(),
@@ -468,16 +474,14 @@ impl Allocator {
         failure.status
     }
 
-    /// Phase 1, under the node-wide lock: decode the pod's devices, plan each requested container
-    /// (pure), and erase their entries from `hami.io/vgpu-devices-to-allocate` with one merge
-    /// patch, so that the next call (another pod, or this pod's next container) cannot select
-    /// them again. Nothing is written to disk here.
-    async fn select(
+    /// Phase 1a, under the node-wide lock, in memory: decode the pod's devices, plan each
+    /// requested container (pure) and compute the annotation with their entries erased. Nothing
+    /// is written anywhere here.
+    fn plan_selection(
         &self,
         located: &Located,
         request: &v1beta1::AllocateRequest,
-        timing: &mut AllocateTiming,
-    ) -> Result<Selection, Failure> {
+    ) -> Result<(Selection, String), Failure> {
         let pod = &located.pod;
         let key = pod_key(pod);
         let value = pod
@@ -526,26 +530,42 @@ impl Allocator {
             devices.erase_nvidia(entry);
             plans.push(plan);
         }
+        Ok((
+            Selection {
+                plans,
+                done: !devices.has_nvidia(),
+            },
+            devices.encode(),
+        ))
+    }
+
+    /// Phase 1b, outside the node-wide lock (the pod is claimed): erase the selected entries from
+    /// `hami.io/vgpu-devices-to-allocate` with one merge patch that carries the pod's
+    /// `resourceVersion`, so that no other call can select them again. A 409 or 404 marks the
+    /// failure `stale` (the pod read was not current).
+    async fn erase_entries(
+        &self,
+        located: &Located,
+        erased: String,
+        timing: &mut AllocateTiming,
+    ) -> Result<(), Failure> {
+        let key = pod_key(&located.pod);
         let started = Instant::now();
         timing.api_round_trips += 1;
         let patched = self
             .patch_pod_annotations(
-                pod,
-                serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: devices.encode() }),
+                &located.pod,
+                serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: erased }),
                 true,
             )
             .await;
         timing.patch_pod += started.elapsed();
-        patched.map_err(|e| {
+        patched.map(drop).map_err(|e| {
             let stale = matches!(&e, kube::Error::Api(s) if s.code == 409 || s.code == 404);
             let mut failure =
                 Failure::api(&format!("cannot update the annotations of pod {key}"), &e);
             failure.stale = stale;
             failure
-        })?;
-        Ok(Selection {
-            plans,
-            done: !devices.has_nvidia(),
         })
     }
 
@@ -558,10 +578,19 @@ impl Allocator {
         )
     }
 
-    /// Under the node-wide lock: find the pod (the cache first, then the API server) and select
-    /// its containers; when the API server refuses the selection because the pod read was stale,
-    /// read it again from the API server and retry. `Err` when no pod could be looked for or
-    /// found (nothing was written); otherwise the pod and the selection's outcome.
+    fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
+        self.claims.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Find the pod and select its containers, at most [`MAX_SELECT_ATTEMPTS`] times.
+    ///
+    /// Under the node-wide lock, in memory only: locate the pod (the cache first, then the API
+    /// server), wait while another call's claim on the same pod is in flight, plan, and claim
+    /// the pod (the cache shows its entries erased, so the next call passes over them). Then,
+    /// outside the lock — so that concurrent calls for different pods do not queue behind each
+    /// other's round trip — erase the entries on the API server. When the API server refuses
+    /// that because the pod read was stale, the claim is dropped and the pod read again from the
+    /// API server. `Err` when no pod could be looked for or found (nothing was written).
     async fn choose(
         &self,
         lock: Option<&str>,
@@ -571,39 +600,104 @@ impl Allocator {
     ) -> Result<(Located, Result<Selection, Failure>), (AllocateOutcome, Status)> {
         let mut attempt = 1;
         loop {
-            let started = Instant::now();
-            let cache = if attempt == 1 {
-                self.cache.as_deref()
-            } else {
-                None
-            };
-            let found = locate_with(&self.client, &self.node_name, lock, cache, trips).await;
-            timing.locate += started.elapsed();
-            let (located, source) = match found {
-                Err(e) => return Err(Self::lookup_error(&self.node_name, &e)),
-                Ok(None) => {
-                    return Err((
-                        AllocateOutcome::NoPod,
-                        Status::failed_precondition(format!(
-                            "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
-                            self.node_name, self.node_name
-                        )),
-                    ));
+            let claimed = {
+                let queued = Instant::now();
+                let _serial = self.serial.lock().await;
+                timing.queued += queued.elapsed();
+                loop {
+                    let started = Instant::now();
+                    // Only claims settled from now on can make what is read below stale.
+                    self.claims().settled.clear();
+                    let cache = if attempt == 1 {
+                        self.cache.as_deref()
+                    } else {
+                        None
+                    };
+                    let found =
+                        locate_with(&self.client, &self.node_name, lock, cache, trips).await;
+                    timing.locate += started.elapsed();
+                    let (located, source) = match found {
+                        Err(e) => return Err(Self::lookup_error(&self.node_name, &e)),
+                        Ok(None) => {
+                            return Err((
+                                AllocateOutcome::NoPod,
+                                Status::failed_precondition(format!(
+                                    "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
+                                    self.node_name, self.node_name
+                                )),
+                            ));
+                        }
+                        Ok(Some(found)) => found,
+                    };
+                    timing.from_cache = source == Source::Cache;
+                    let uid = located.pod.metadata.uid.clone().unwrap_or_default();
+                    let (busy, changed) = {
+                        let claims = self.claims();
+                        (
+                            claims.in_flight.get(&uid).cloned(),
+                            claims.settled.contains(&uid),
+                        )
+                    };
+                    if let Some(busy) = busy {
+                        // Another container of this pod is being selected: wait for its patch,
+                        // then look again (the cache then has the pod's new version).
+                        let waited = Instant::now();
+                        drop(busy.lock().await);
+                        timing.queued += waited.elapsed();
+                        continue;
+                    }
+                    if changed {
+                        // Another call's patch of this pod landed while it was being read.
+                        continue;
+                    }
+                    break match self.plan_selection(&located, request) {
+                        Err(failure) => Err((located, failure)),
+                        Ok((selection, erased)) => {
+                            let claim = Arc::new(tokio::sync::Mutex::new(()));
+                            let held = Arc::clone(&claim).lock_owned().await;
+                            self.claims().in_flight.insert(uid.clone(), claim);
+                            if let Some(cache) = &self.cache {
+                                cache.claim(
+                                    &located.pod,
+                                    ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
+                                    &erased,
+                                );
+                            }
+                            Ok((located, selection, erased, uid, held))
+                        }
+                    };
                 }
-                Ok(Some(found)) => found,
+                // The node-wide lock is released here.
             };
-            timing.from_cache = source == Source::Cache;
-            let selected = self.select(&located, request, timing).await;
-            match selected {
+            let (located, selection, erased, uid, held) = match claimed {
+                Err((located, failure)) => {
+                    self.metrics.observe_pod_lookup(timing.from_cache);
+                    return Ok((located, Err(failure)));
+                }
+                Ok(claimed) => claimed,
+            };
+            let erased = self.erase_entries(&located, erased, timing).await;
+            if erased.is_err()
+                && let Some(cache) = &self.cache
+            {
+                cache.unclaim(&located.pod);
+            }
+            {
+                let mut claims = self.claims();
+                claims.in_flight.remove(&uid);
+                claims.settled.insert(uid.clone());
+            }
+            drop(held);
+            match erased {
                 Err(failure) if failure.stale && attempt < MAX_SELECT_ATTEMPTS => {
                     tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %failure.message, "pod changed since it was read; reading it again");
                     self.metrics.observe_stale_pod_retry();
                     timing.retries += 1;
                     attempt += 1;
                 }
-                selected => {
+                erased => {
                     self.metrics.observe_pod_lookup(timing.from_cache);
-                    return Ok((located, selected));
+                    return Ok((located, erased.map(|()| selection)));
                 }
             }
         }
@@ -721,6 +815,17 @@ impl Allocator {
     }
 }
 
+/// The allocator's claims on pods (see [`Allocator`]'s `choose`).
+#[derive(Debug, Default)]
+struct Claims {
+    /// Pods (by UID) whose selection patch is in flight, each with a mutex its claimer holds
+    /// until the patch has settled.
+    in_flight: std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Pods whose claim settled since the current lookup began (cleared when one begins; lookups
+    /// run one at a time, under the node-wide lock).
+    settled: std::collections::HashSet<String>,
+}
+
 /// What phase 1 selected.
 #[derive(Debug)]
 struct Selection {
@@ -758,12 +863,8 @@ impl AllocateHandler for Allocator {
         let chosen = match lock {
             Err(e) => Err(Self::lookup_error(&self.node_name, &e)),
             Ok(lock) => {
-                let queued = Instant::now();
-                let _serial = self.serial.lock().await;
-                timing.queued = queued.elapsed();
                 self.choose(lock.as_deref(), &request, &mut timing, &mut trips)
                     .await
-                // The pod's entries are erased (or nothing happened): the next call may start.
             }
         };
         timing.api_round_trips += trips.node_gets + trips.pod_gets + trips.pod_lists;

@@ -109,6 +109,40 @@ impl PodCache {
         upsert(&mut inner.pods, pod.clone());
     }
 
+    /// Shows `pod` with annotation `key` set to `value` (an allocation's claim, before its
+    /// patch is answered), unless the view holds a newer version of it.
+    pub fn claim(&self, pod: &Pod, key: &str, value: &str) {
+        let mut claimed = pod.clone();
+        claimed
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.to_owned(), value.to_owned());
+        let Some(k) = key_of(pod) else { return };
+        let mut inner = self.lock();
+        let newer = inner.pods.get(&k).is_some_and(|held| {
+            held.metadata.uid == pod.metadata.uid
+                && rv_of(held).zip(rv_of(pod)).is_some_and(|(h, p)| h > p)
+        });
+        if !newer {
+            inner.pods.insert(k, claimed);
+        }
+    }
+
+    /// Drops a claim whose patch failed: `original` is shown again, unless the view has moved
+    /// on to another version meanwhile.
+    pub fn unclaim(&self, original: &Pod) {
+        let Some(k) = key_of(original) else { return };
+        let mut inner = self.lock();
+        let same = inner.pods.get(&k).is_some_and(|held| {
+            held.metadata.uid == original.metadata.uid
+                && held.metadata.resource_version == original.metadata.resource_version
+        });
+        if same {
+            inner.pods.insert(k, original.clone());
+        }
+    }
+
     /// The pod `namespace/name`, when synced and held.
     #[must_use]
     pub fn get(&self, namespace: &str, name: &str) -> Option<Pod> {
@@ -330,6 +364,29 @@ mod tests {
         cache.delete(&pod("a", "new", "7", "Pending", ONE));
         assert!(cache.get("ns", "a").is_none());
         assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn a_claim_hides_the_entries_until_the_patch_answers_or_is_dropped() {
+        let original = pod("a", "u1", "5", "Pending", ONE);
+        let cache = synced(&[original.clone(), pod("b", "u2", "6", "Pending", ONE)]);
+        cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ";");
+        // The next call passes over "a".
+        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "b");
+        // The patch failed: "a" is back.
+        cache.unclaim(&original);
+        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "a");
+        // The patch succeeded: its answer replaces the claim; a late unclaim changes nothing.
+        cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ";");
+        cache.observe(&pod("a", "u1", "8", "Pending", ";"));
+        cache.unclaim(&original);
+        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "b");
+        // A claim never hides a newer version the view already holds.
+        cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ONE);
+        assert_eq!(
+            cache.get("ns", "a").unwrap().metadata.resource_version.unwrap(),
+            "8"
+        );
     }
 
     #[test]

@@ -160,6 +160,8 @@ pub enum PodView {
     Watch,
     /// Only by the test (and the allocator's own patches): lets a test make it stale.
     Manual,
+    /// No cache: every pod is read from the API server (the benchmark's baseline).
+    Off,
 }
 
 impl Harness {
@@ -186,7 +188,7 @@ impl Harness {
         Self::start_full(dir, PodView::Watch, make).await
     }
 
-    async fn start_full(
+    pub async fn start_full(
         dir: tempfile::TempDir,
         view: PodView,
         make: impl FnOnce(&Path) -> AllocationSettings,
@@ -217,10 +219,12 @@ impl Harness {
             }
         }
         let metrics = Arc::new(hami_device_plugin::metrics::Metrics::new());
-        let allocator = Allocator::new(server.client(), NODE, settings)
+        let mut allocator = Allocator::new(server.client(), NODE, settings)
             .with_timings(timings.clone())
-            .with_pod_cache(Arc::clone(&cache))
             .with_metrics(Arc::clone(&metrics));
+        if view != PodView::Off {
+            allocator = allocator.with_pod_cache(Arc::clone(&cache));
+        }
         let gpus = FileInventory::new(&inventory).discover().unwrap();
         let (table, _) = DeviceTable::build(gpus, &DeviceFilter::default(), 10, false).unwrap();
         let state = SharedState::new(
