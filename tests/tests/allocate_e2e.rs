@@ -153,12 +153,12 @@ async fn file_mode_end_to_end() {
     assert_eq!(annotation(&pod, "hami.io/bind-phase").unwrap(), "success");
     assert_eq!(h.node_lock().await, None);
     assert!(h.events("train").await.is_empty());
-    // Round trips: node GET, pod GET (unless the pod cache already held the pod), pod PATCH
-    // (erase), pod PATCH (success), node PATCH.
+    // Round trips: node GET, pod GET (unless the pod cache already held the pod), one pod PATCH
+    // (entry erased + bind-phase success), node PATCH (lock released).
     let t = h.timings.take();
     assert_eq!(t.len(), 1);
     assert!(t[0].ok);
-    assert_eq!(t[0].api_round_trips, if t[0].from_cache { 4 } else { 5 });
+    assert_eq!(t[0].api_round_trips, if t[0].from_cache { 3 } else { 4 });
 }
 
 #[tokio::test]

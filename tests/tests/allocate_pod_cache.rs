@@ -1,7 +1,7 @@
 //! `Allocate` with its watch-fed pod cache: a pod found in the cache costs no pod GET or LIST,
-//! and a stale cache never leads to a plan made from an old version of the pod (the selection
-//! patch carries the pod's resourceVersion; a 409 or 404 makes the plugin read the pod again from
-//! the API server).
+//! and a stale cache never leads to an allocation made from an old version of the pod (the patch
+//! that erases the entries carries the pod's resourceVersion; a 409 or 404 removes the files,
+//! and the plugin reads the pod again from the API server and allocates again).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod allocate_support;
@@ -59,10 +59,10 @@ async fn a_pod_in_the_cache_is_allocated_without_a_pod_get_or_list() {
         let timing = h.timings.take().pop().unwrap();
         assert!(timing.ok && timing.from_cache, "{name}: {timing:?}");
         assert_eq!(timing.retries, 0, "{name}");
-        // node GET, the selection patch, bind-phase success (+ the lock release).
+        // node GET, one patch (entry erased + bind-phase success), and the lock release.
         assert_eq!(
             timing.api_round_trips,
-            if lock { 4 } else { 3 },
+            if lock { 3 } else { 2 },
             "{name}: {timing:?}"
         );
         let pod = h.pod(name).await;
@@ -115,10 +115,7 @@ async fn a_stale_cached_pod_is_read_again_and_its_current_version_decides() {
         "{:?}",
         response.envs
     );
-    assert_eq!(
-        names(&h.containers_dir()),
-        [format!("{}_main", uid(&pod))]
-    );
+    assert_eq!(names(&h.containers_dir()), [format!("{}_main", uid(&pod))]);
     let timing = h.timings.take().pop().unwrap();
     assert!(timing.ok && !timing.from_cache, "{timing:?}");
     assert_eq!(timing.retries, 1);
@@ -160,7 +157,8 @@ async fn a_cached_pod_that_was_deleted_is_not_allocated() {
         "{}",
         status.message()
     );
-    assert!(!h.containers_dir().exists());
+    // The files written for the stale selection were removed when the API server refused it.
+    assert!(names(&h.containers_dir()).is_empty());
     assert_eq!(h.metrics.stale_pod_retries(), 1);
 }
 
@@ -176,8 +174,11 @@ async fn an_unsynced_cache_is_not_read() {
     h.timings.take();
     h.allocate(&[&format!("{GPU_A}-4")]).await.unwrap();
     let timing = h.timings.take().pop().unwrap();
-    assert!(timing.ok && !timing.from_cache && timing.retries == 0, "{timing:?}");
-    // node GET, pod GET (the lock names it), selection, success, lock release.
-    assert_eq!(timing.api_round_trips, 5);
+    assert!(
+        timing.ok && !timing.from_cache && timing.retries == 0,
+        "{timing:?}"
+    );
+    // node GET, pod GET (the lock names it), one patch (erased + success), lock release.
+    assert_eq!(timing.api_round_trips, 4);
     assert_eq!(h.metrics.pod_lookups(false), 1);
 }

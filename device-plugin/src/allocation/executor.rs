@@ -4,19 +4,19 @@
 //! 1. **under a node-wide lock, in memory only**: find the pod ([`super::locator`]; from the
 //!    watch-fed [`PodCache`] when it holds it, else from the API server), decode its devices
 //!    ([`super::codec`]), plan each requested container (pure), and *claim* the pod: the cache
-//!    shows its entries erased, so the next call passes over them, and a call that finds the
-//!    same pod (its next container) waits until this claim has settled;
-//! 1b. **outside the lock**: erase the entries from `hami.io/vgpu-devices-to-allocate` with one
-//!    merge patch that carries the pod's `resourceVersion`. The API server accepts it only if the
-//!    pod read was current, so a stale cache can never cause a wrong selection: on 409 (or 404)
-//!    the claim is dropped, the pod is read again from the API server and the selection redone
-//!    (at most [`MAX_SELECT_ATTEMPTS`] times);
-//! 2. **outside the lock**, so that the fsyncs of concurrent calls overlap instead of queueing:
+//!    shows the selected entries erased, so the next call passes over them, and a call that
+//!    finds the same pod (its next container) waits until this claim has settled;
+//! 2. **outside the lock**, so that concurrent calls overlap their fsyncs and round trips:
 //!    recreate each per-container directory and publish its limits file atomically (on a
-//!    blocking thread); then, when no NVIDIA entry is left, `hami.io/bind-phase: success` and the
-//!    node lock released (only if it still names this pod).
+//!    blocking thread); then one merge patch erases the entries from
+//!    `hami.io/vgpu-devices-to-allocate` — adding `hami.io/bind-phase: success` when no NVIDIA
+//!    entry is left — and carries the pod's `resourceVersion`, so the API server accepts it only
+//!    if the pod read was current: a stale cache can never cause a wrong allocation. On 409 (or
+//!    404) the files are removed, the claim dropped, the pod read again from the API server and
+//!    the allocation redone (at most [`MAX_SELECT_ATTEMPTS`] times). Then the node lock is
+//!    released (only if it still names this pod).
 //!
-//! Any failure after the pod is found fails the allocation: gRPC error, `hami.io/bind-phase:
+//! Any other failure after the pod is found fails the allocation: gRPC error, `hami.io/bind-phase:
 //! failed`, node lock released, an Event on the pod naming the path and the error, and nothing
 //! from this call left on disk. The pod is never marked `success` before its files are durable.
 
@@ -40,8 +40,8 @@ use tonic::Status;
 
 use super::codec::PodDevices;
 use super::locator::{LocateTrips, Located, Source, locate_with, node_lock};
-use super::pod_cache::PodCache;
 use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_container, pod_key};
+use super::pod_cache::PodCache;
 use crate::api::v1beta1;
 use crate::devices::DeviceTable;
 use crate::service::AllocateHandler;
@@ -539,36 +539,6 @@ impl Allocator {
         ))
     }
 
-    /// Phase 1b, outside the node-wide lock (the pod is claimed): erase the selected entries from
-    /// `hami.io/vgpu-devices-to-allocate` with one merge patch that carries the pod's
-    /// `resourceVersion`, so that no other call can select them again. A 409 or 404 marks the
-    /// failure `stale` (the pod read was not current).
-    async fn erase_entries(
-        &self,
-        located: &Located,
-        erased: String,
-        timing: &mut AllocateTiming,
-    ) -> Result<(), Failure> {
-        let key = pod_key(&located.pod);
-        let started = Instant::now();
-        timing.api_round_trips += 1;
-        let patched = self
-            .patch_pod_annotations(
-                &located.pod,
-                serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: erased }),
-                true,
-            )
-            .await;
-        timing.patch_pod += started.elapsed();
-        patched.map(drop).map_err(|e| {
-            let stale = matches!(&e, kube::Error::Api(s) if s.code == 409 || s.code == 404);
-            let mut failure =
-                Failure::api(&format!("cannot update the annotations of pod {key}"), &e);
-            failure.stale = stale;
-            failure
-        })
-    }
-
     fn lookup_error(node: &str, e: &kube::Error) -> (AllocateOutcome, Status) {
         (
             AllocateOutcome::LookupError,
@@ -582,141 +552,133 @@ impl Allocator {
         self.claims.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Find the pod and select its containers, at most [`MAX_SELECT_ATTEMPTS`] times.
-    ///
-    /// Under the node-wide lock, in memory only: locate the pod (the cache first, then the API
-    /// server), wait while another call's claim on the same pod is in flight, plan, and claim
-    /// the pod (the cache shows its entries erased, so the next call passes over them). Then,
-    /// outside the lock — so that concurrent calls for different pods do not queue behind each
-    /// other's round trip — erase the entries on the API server. When the API server refuses
-    /// that because the pod read was stale, the claim is dropped and the pod read again from the
-    /// API server. `Err` when no pod could be looked for or found (nothing was written).
+    /// Phase 1, under the node-wide lock, in memory only: find the pod (the cache first on the
+    /// first attempt, else the API server), wait while another call's claim on the same pod is
+    /// in flight (or look again if one settled while the pod was being read), plan, and claim
+    /// the pod: the cache shows its entries erased, so that the next call passes over them.
+    /// `Err` when no pod could be looked for or found (nothing was written).
     async fn choose(
         &self,
         lock: Option<&str>,
         request: &v1beta1::AllocateRequest,
+        attempt: u32,
         timing: &mut AllocateTiming,
         trips: &mut LocateTrips,
-    ) -> Result<(Located, Result<Selection, Failure>), (AllocateOutcome, Status)> {
-        let mut attempt = 1;
+    ) -> Result<(Located, Result<Claim, Failure>), (AllocateOutcome, Status)> {
+        let queued = Instant::now();
+        let _serial = self.serial.lock().await;
+        timing.queued += queued.elapsed();
         loop {
-            let claimed = {
-                let queued = Instant::now();
-                let _serial = self.serial.lock().await;
-                timing.queued += queued.elapsed();
-                loop {
-                    let started = Instant::now();
-                    // Only claims settled from now on can make what is read below stale.
-                    self.claims().settled.clear();
-                    let cache = if attempt == 1 {
-                        self.cache.as_deref()
-                    } else {
-                        None
-                    };
-                    let found =
-                        locate_with(&self.client, &self.node_name, lock, cache, trips).await;
-                    timing.locate += started.elapsed();
-                    let (located, source) = match found {
-                        Err(e) => return Err(Self::lookup_error(&self.node_name, &e)),
-                        Ok(None) => {
-                            return Err((
-                                AllocateOutcome::NoPod,
-                                Status::failed_precondition(format!(
-                                    "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
-                                    self.node_name, self.node_name
-                                )),
-                            ));
-                        }
-                        Ok(Some(found)) => found,
-                    };
-                    timing.from_cache = source == Source::Cache;
-                    let uid = located.pod.metadata.uid.clone().unwrap_or_default();
-                    let (busy, changed) = {
-                        let claims = self.claims();
-                        (
-                            claims.in_flight.get(&uid).cloned(),
-                            claims.settled.contains(&uid),
-                        )
-                    };
-                    if let Some(busy) = busy {
-                        // Another container of this pod is being selected: wait for its patch,
-                        // then look again (the cache then has the pod's new version).
-                        let waited = Instant::now();
-                        drop(busy.lock().await);
-                        timing.queued += waited.elapsed();
-                        continue;
-                    }
-                    if changed {
-                        // Another call's patch of this pod landed while it was being read.
-                        continue;
-                    }
-                    break match self.plan_selection(&located, request) {
-                        Err(failure) => Err((located, failure)),
-                        Ok((selection, erased)) => {
-                            let claim = Arc::new(tokio::sync::Mutex::new(()));
-                            let held = Arc::clone(&claim).lock_owned().await;
-                            self.claims().in_flight.insert(uid.clone(), claim);
-                            if let Some(cache) = &self.cache {
-                                cache.claim(
-                                    &located.pod,
-                                    ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
-                                    &erased,
-                                );
-                            }
-                            Ok((located, selection, erased, uid, held))
-                        }
-                    };
-                }
-                // The node-wide lock is released here.
+            let started = Instant::now();
+            // Only claims settled from now on can make what is read below stale.
+            self.claims().settled.clear();
+            let cache = if attempt == 1 {
+                self.cache.as_deref()
+            } else {
+                None
             };
-            let (located, selection, erased, uid, held) = match claimed {
-                Err((located, failure)) => {
-                    self.metrics.observe_pod_lookup(timing.from_cache);
-                    return Ok((located, Err(failure)));
+            let found = locate_with(&self.client, &self.node_name, lock, cache, trips).await;
+            timing.locate += started.elapsed();
+            let (located, source) = match found {
+                Err(e) => return Err(Self::lookup_error(&self.node_name, &e)),
+                Ok(None) => {
+                    return Err((
+                        AllocateOutcome::NoPod,
+                        Status::failed_precondition(format!(
+                            "no pod is being allocated on node {}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={}; nothing was written",
+                            self.node_name, self.node_name
+                        )),
+                    ));
                 }
-                Ok(claimed) => claimed,
+                Ok(Some(found)) => found,
             };
-            let erased = self.erase_entries(&located, erased, timing).await;
-            if erased.is_err()
-                && let Some(cache) = &self.cache
-            {
-                cache.unclaim(&located.pod);
+            timing.from_cache = source == Source::Cache;
+            let uid = located.pod.metadata.uid.clone().unwrap_or_default();
+            let (busy, changed) = {
+                let claims = self.claims();
+                (
+                    claims.in_flight.get(&uid).cloned(),
+                    claims.settled.contains(&uid),
+                )
+            };
+            if let Some(busy) = busy {
+                // Another container of this pod is being allocated: wait until it has settled,
+                // then look again (the cache then has the pod's new version).
+                let waited = Instant::now();
+                drop(busy.lock().await);
+                timing.queued += waited.elapsed();
+                continue;
             }
-            {
-                let mut claims = self.claims();
-                claims.in_flight.remove(&uid);
-                claims.settled.insert(uid.clone());
+            if changed {
+                // Another call's patch of this pod landed while it was being read.
+                continue;
             }
-            drop(held);
-            match erased {
-                Err(failure) if failure.stale && attempt < MAX_SELECT_ATTEMPTS => {
-                    tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %failure.message, "pod changed since it was read; reading it again");
-                    self.metrics.observe_stale_pod_retry();
-                    timing.retries += 1;
-                    attempt += 1;
+            let claim = match self.plan_selection(&located, request) {
+                Err(failure) => Err(failure),
+                Ok((selection, erased)) => {
+                    let mutex = Arc::new(tokio::sync::Mutex::new(()));
+                    let held = Arc::clone(&mutex).lock_owned().await;
+                    self.claims().in_flight.insert(uid.clone(), mutex);
+                    if let Some(cache) = &self.cache {
+                        cache.claim(&located.pod, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE, &erased);
+                    }
+                    Ok(Claim {
+                        selection,
+                        erased,
+                        uid,
+                        held,
+                    })
                 }
-                erased => {
-                    self.metrics.observe_pod_lookup(timing.from_cache);
-                    return Ok((located, erased.map(|()| selection)));
-                }
-            }
+            };
+            return Ok((located, claim));
+            // The node-wide lock is released here.
         }
     }
 
-    /// Phase 2, outside the node-wide lock (so that the fsyncs of concurrent calls overlap):
-    /// create the directories and publish the limits files on a blocking thread; then, when the
-    /// pod has nothing left to allocate, `bind-phase: success` and the node lock released.
+    /// Ends a claim: dropped from the cache unless `kept` (its patch succeeded), then no longer in
+    /// flight; a call waiting for it looks again.
+    fn settle(
+        &self,
+        located: &Located,
+        uid: &str,
+        held: tokio::sync::OwnedMutexGuard<()>,
+        kept: bool,
+    ) {
+        if !kept && let Some(cache) = &self.cache {
+            cache.unclaim(&located.pod);
+        }
+        {
+            let mut claims = self.claims();
+            claims.in_flight.remove(uid);
+            claims.settled.insert(uid.to_owned());
+        }
+        drop(held);
+    }
+
+    /// Phase 2, outside the node-wide lock (so that concurrent calls for different pods overlap
+    /// their fsyncs and round trips): create the directories and publish the limits files on a
+    /// blocking thread; then, on success, one merge patch that erases the containers' entries
+    /// from `hami.io/vgpu-devices-to-allocate` — with `hami.io/bind-phase: success` when no NVIDIA
+    /// entry is left — and carries the pod's `resourceVersion`; then the node lock released
+    /// (only if it names this pod). A 409 or 404 on the patch removes the files again and marks
+    /// the failure `stale`: the pod read was not current, and is read again.
     async fn execute(
         &self,
         located: &Located,
-        selection: Selection,
+        claim: Claim,
         timing: &mut AllocateTiming,
     ) -> Result<v1beta1::AllocateResponse, Failure> {
         let pod = &located.pod;
         let key = pod_key(pod);
+        let Claim {
+            selection,
+            erased,
+            uid,
+            held,
+        } = claim;
         let Selection { plans, done } = selection;
         let started = Instant::now();
-        let (plans, outcome) = tokio::task::spawn_blocking(move || {
+        let disk = tokio::task::spawn_blocking(move || {
             let mut written: Vec<Written> = Vec::new();
             let mut publish = Duration::ZERO;
             for plan in &plans {
@@ -734,21 +696,53 @@ impl Allocator {
             }
             (plans, Ok((written, publish)))
         })
-        .await
-        .map_err(|e| {
-            let message = format!("allocation failed for pod {key}: disk task failed: {e}");
-            Failure {
-                status: Status::internal(message.clone()),
-                message,
-                stale: false,
-            }
-        })?;
+        .await;
         timing.disk = started.elapsed();
-        if outcome.is_err() {
-            self.metrics.observe_publish_failure();
-        }
-        let (written, publish) = outcome?;
+        let (plans, outcome) = match disk {
+            Ok(done) => done,
+            Err(e) => {
+                self.settle(located, &uid, held, false);
+                let message = format!("allocation failed for pod {key}: disk task failed: {e}");
+                return Err(Failure {
+                    status: Status::internal(message.clone()),
+                    message,
+                    stale: false,
+                });
+            }
+        };
+        let (written, publish) = match outcome {
+            Ok(done) => done,
+            Err(failure) => {
+                self.metrics.observe_publish_failure();
+                self.settle(located, &uid, held, false);
+                return Err(failure);
+            }
+        };
         timing.publish = publish;
+        let mut annotations = serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: erased });
+        if done {
+            annotations[ANNOTATION_BIND_PHASE] = BIND_PHASE_SUCCESS.into();
+        }
+        let started = Instant::now();
+        timing.api_round_trips += 1;
+        let patched = self.patch_pod_annotations(pod, annotations, true).await;
+        timing.patch_pod += started.elapsed();
+        if let Err(e) = patched {
+            written.iter().for_each(Written::undo);
+            self.settle(located, &uid, held, false);
+            let stale = matches!(&e, kube::Error::Api(s) if s.code == 409 || s.code == 404);
+            let what = if done {
+                format!(
+                    "cannot erase the allocated entries and set {ANNOTATION_BIND_PHASE}: {BIND_PHASE_SUCCESS} on pod {key}"
+                )
+            } else {
+                format!("cannot erase the allocated entries of pod {key}")
+            };
+            let mut failure = Failure::api(&what, &e);
+            failure.stale = stale;
+            return Err(failure);
+        }
+        self.settle(located, &uid, held, true);
         for plan in &plans {
             tracing::info!(
                 pod = %key,
@@ -761,35 +755,14 @@ impl Allocator {
                 "container allocated"
             );
         }
-        if done {
+        if done && let Some(lock) = &located.lock {
             let started = Instant::now();
             timing.api_round_trips += 1;
-            let patched = self
-                .patch_pod_annotations(
-                    pod,
-                    serde_json::json!({ ANNOTATION_BIND_PHASE: BIND_PHASE_SUCCESS }),
-                    false,
-                )
-                .await;
-            timing.patch_pod += started.elapsed();
-            if let Err(e) = patched {
-                written.iter().for_each(Written::undo);
-                return Err(Failure::api(
-                    &format!(
-                        "cannot set {ANNOTATION_BIND_PHASE}: {BIND_PHASE_SUCCESS} on pod {key}"
-                    ),
-                    &e,
-                ));
+            if let Err(error) = self.release_lock(lock).await {
+                // The pod is allocated; a stale lock expires after 5 minutes.
+                tracing::error!(%error, node = %self.node_name, "cannot release the node lock");
             }
-            if let Some(lock) = &located.lock {
-                let started = Instant::now();
-                timing.api_round_trips += 1;
-                if let Err(error) = self.release_lock(lock).await {
-                    // The pod is allocated; a stale lock expires after 5 minutes.
-                    tracing::error!(%error, node = %self.node_name, "cannot release the node lock");
-                }
-                timing.release_lock = started.elapsed();
-            }
+            timing.release_lock = started.elapsed();
         }
         for warning in plans.iter().flat_map(|p| p.warnings.iter()) {
             tracing::warn!(pod = %key, "{warning}");
@@ -802,7 +775,6 @@ impl Allocator {
             };
             self.event(pod, "Warning", reason, warning).await;
         }
-        // Counted once the allocation stands (a failed pod patch above removes the files again).
         let published = plans.iter().filter(|p| p.limits_file.is_some()).count();
         self.metrics.observe_published(published as u64);
         for plan in &plans {
@@ -813,6 +785,16 @@ impl Allocator {
             container_responses: plans.iter().map(AllocationPlan::response).collect(),
         })
     }
+}
+
+/// A pod claimed by one call: what it selected, the annotation with those entries erased, and
+/// the claim's mutex (held until the claim settles).
+#[derive(Debug)]
+struct Claim {
+    selection: Selection,
+    erased: String,
+    uid: String,
+    held: tokio::sync::OwnedMutexGuard<()>,
 }
 
 /// The allocator's claims on pods (see [`Allocator`]'s `choose`).
@@ -860,31 +842,48 @@ impl AllocateHandler for Allocator {
         let lock = node_lock(&self.client, &self.node_name, &mut trips).await;
         timing.node_get = started.elapsed();
         timing.locate = timing.node_get;
-        let chosen = match lock {
-            Err(e) => Err(Self::lookup_error(&self.node_name, &e)),
-            Ok(lock) => {
-                self.choose(lock.as_deref(), &request, &mut timing, &mut trips)
-                    .await
-            }
-        };
-        timing.api_round_trips += trips.node_gets + trips.pod_gets + trips.pod_lists;
         let mut outcome = AllocateOutcome::Failed;
-        let result = match chosen {
-            Err((o, status)) => {
-                outcome = o;
-                Err(status)
-            }
-            Ok((located, selected)) => {
-                let result = match selected {
-                    Ok(selection) => self.execute(&located, selection, &mut timing).await,
-                    Err(failure) => Err(failure),
-                };
-                match result {
-                    Ok(response) => Ok(response),
-                    Err(failure) => Err(self.fail(&located, failure, &mut timing).await),
+        let mut attempt = 1;
+        let result = loop {
+            let lock = match &lock {
+                Ok(lock) => lock.as_deref(),
+                Err(e) => {
+                    let (o, status) = Self::lookup_error(&self.node_name, e);
+                    outcome = o;
+                    break Err(status);
+                }
+            };
+            let chosen = self
+                .choose(lock, &request, attempt, &mut timing, &mut trips)
+                .await;
+            let (located, claim) = match chosen {
+                Err((o, status)) => {
+                    outcome = o;
+                    break Err(status);
+                }
+                Ok(chosen) => chosen,
+            };
+            let executed = match claim {
+                Ok(claim) => self.execute(&located, claim, &mut timing).await,
+                Err(failure) => Err(failure),
+            };
+            match executed {
+                Err(failure) if failure.stale && attempt < MAX_SELECT_ATTEMPTS => {
+                    tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %failure.message, "pod changed since it was read; reading it again");
+                    self.metrics.observe_stale_pod_retry();
+                    timing.retries += 1;
+                    attempt += 1;
+                }
+                executed => {
+                    self.metrics.observe_pod_lookup(timing.from_cache);
+                    break match executed {
+                        Ok(response) => Ok(response),
+                        Err(failure) => Err(self.fail(&located, failure, &mut timing).await),
+                    };
                 }
             }
         };
+        timing.api_round_trips += trips.node_gets + trips.pod_gets + trips.pod_lists;
         timing.total = started.elapsed();
         timing.ok = result.is_ok();
         if result.is_ok() {

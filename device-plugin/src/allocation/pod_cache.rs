@@ -187,7 +187,9 @@ impl PodCache {
         for (key, pod) in &inner.pods {
             if let Some(listed) = fresh.get(key)
                 && listed.metadata.uid == pod.metadata.uid
-                && rv_of(pod).zip(rv_of(listed)).is_some_and(|(ours, theirs)| ours > theirs)
+                && rv_of(pod)
+                    .zip(rv_of(listed))
+                    .is_some_and(|(ours, theirs)| ours > theirs)
             {
                 fresh.insert(key.clone(), pod.clone());
             }
@@ -306,7 +308,10 @@ mod tests {
         cache.begin_list();
         cache.list_item(pod("a", "u1", "5", "Pending", ONE));
         cache.end_list();
-        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "a");
+        assert_eq!(
+            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            "a"
+        );
         cache.unsync();
         assert!(cache.get("ns", "a").is_none());
         assert!(cache.first_pending("n1").is_none());
@@ -321,7 +326,10 @@ mod tests {
             pod("b-2", "u4", "8", "Pending", ONE),
         ]);
         // "b-2" < "c"; "a" has nothing left; "b" is running.
-        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "b-2");
+        assert_eq!(
+            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            "b-2"
+        );
         assert!(cache.first_pending("other-node").is_none());
     }
 
@@ -334,13 +342,23 @@ mod tests {
         cache.apply(pod("a", "u1", "6", "Pending", ONE));
         assert!(cache.first_pending("n1").is_none());
         assert_eq!(
-            cache.get("ns", "a").unwrap().metadata.resource_version.unwrap(),
+            cache
+                .get("ns", "a")
+                .unwrap()
+                .metadata
+                .resource_version
+                .unwrap(),
             "9"
         );
         // The same version from the watch, and later ones, are taken.
         cache.apply(pod("a", "u1", "10", "Running", ";"));
         assert_eq!(
-            cache.get("ns", "a").unwrap().metadata.resource_version.unwrap(),
+            cache
+                .get("ns", "a")
+                .unwrap()
+                .metadata
+                .resource_version
+                .unwrap(),
             "10"
         );
         // A relist older than what the plugin wrote keeps the plugin's version.
@@ -349,7 +367,12 @@ mod tests {
         cache.list_item(pod("a", "u1", "11", "Running", ";"));
         cache.end_list();
         assert_eq!(
-            cache.get("ns", "a").unwrap().metadata.resource_version.unwrap(),
+            cache
+                .get("ns", "a")
+                .unwrap()
+                .metadata
+                .resource_version
+                .unwrap(),
             "12"
         );
     }
@@ -372,19 +395,33 @@ mod tests {
         let cache = synced(&[original.clone(), pod("b", "u2", "6", "Pending", ONE)]);
         cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ";");
         // The next call passes over "a".
-        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "b");
+        assert_eq!(
+            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            "b"
+        );
         // The patch failed: "a" is back.
         cache.unclaim(&original);
-        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "a");
+        assert_eq!(
+            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            "a"
+        );
         // The patch succeeded: its answer replaces the claim; a late unclaim changes nothing.
         cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ";");
         cache.observe(&pod("a", "u1", "8", "Pending", ";"));
         cache.unclaim(&original);
-        assert_eq!(cache.first_pending("n1").unwrap().metadata.name.unwrap(), "b");
+        assert_eq!(
+            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            "b"
+        );
         // A claim never hides a newer version the view already holds.
         cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ONE);
         assert_eq!(
-            cache.get("ns", "a").unwrap().metadata.resource_version.unwrap(),
+            cache
+                .get("ns", "a")
+                .unwrap()
+                .metadata
+                .resource_version
+                .unwrap(),
             "8"
         );
     }

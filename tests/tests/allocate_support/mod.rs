@@ -172,10 +172,7 @@ impl Harness {
     }
 
     /// Same, with the pod cache fed as `view` says.
-    pub async fn start_with(
-        view: PodView,
-        make: impl FnOnce(&Path) -> AllocationSettings,
-    ) -> Self {
+    pub async fn start_with(view: PodView, make: impl FnOnce(&Path) -> AllocationSettings) -> Self {
         let dir = tempfile::tempdir().unwrap();
         Self::start_full(dir, view, make).await
     }
@@ -214,7 +211,10 @@ impl Harness {
             ));
             let deadline = tokio::time::Instant::now() + WAIT;
             while !cache.is_synced() {
-                assert!(tokio::time::Instant::now() < deadline, "pod cache never synced");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "pod cache never synced"
+                );
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }
