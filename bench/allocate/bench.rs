@@ -260,14 +260,14 @@ fn report(runs: &[Run]) -> String {
     for r in runs {
         type Pick = fn(&AllocateTiming) -> Duration;
         let phases: [(&str, Pick); 9] = [
-            ("read node lock (API: node GET, before the queue)", |t| {
-                t.node_get
-            }),
-            ("queued (node-wide allocation lock)", |t| t.queued),
             (
-                "locate pod (node GET + pod from the cache, else GET or LIST)",
-                |t| t.locate,
+                "read node lock (API: node GET, during the disk work)",
+                |t| t.node_get,
             ),
+            ("queued (node-wide allocation lock)", |t| t.queued),
+            ("locate pod (the cache, else API: pod GET or LIST)", |t| {
+                t.locate
+            }),
             ("disk total (mkdir, chmod, publish)", |t| t.disk),
             (
                 "  of which publish_atomic (write, fsync, rename, fsync dir)",
@@ -275,7 +275,7 @@ fn report(runs: &[Run]) -> String {
             ),
             ("patch pod annotations (API)", |t| t.patch_pod),
             ("release node lock (API)", |t| t.release_lock),
-            ("API round trips total", |t| {
+            ("API round trips on the critical path", |t| {
                 t.locate + t.patch_pod + t.release_lock
             }),
             ("whole handler (incl. queue)", |t| t.total),

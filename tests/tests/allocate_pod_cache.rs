@@ -182,3 +182,57 @@ async fn an_unsynced_cache_is_not_read() {
     assert_eq!(timing.api_round_trips, 4);
     assert_eq!(h.metrics.pod_lookups(false), 1);
 }
+
+#[tokio::test]
+async fn the_pod_the_node_lock_names_comes_first() {
+    let h = Harness::start_with(PodView::Watch, settings).await;
+    // "aaa" lists first, but the scheduler locked the node for "zzz".
+    let first = h
+        .admit(gpu_pod("aaa", &[Ctr::gpu("main", 1111, 10)], json!({})))
+        .await;
+    h.schedule(&first, &[vec![dev(GPU_A, 1111, 10)]], false)
+        .await;
+    let locked = h
+        .admit(gpu_pod("zzz", &[Ctr::gpu("main", 2222, 20)], json!({})))
+        .await;
+    h.schedule(&locked, &[vec![dev(GPU_B, 2222, 20)]], true)
+        .await;
+    wait_cached(&h, "aaa").await;
+    wait_cached(&h, "zzz").await;
+    h.timings.take();
+    let response = h.allocate(&[&format!("{GPU_B}-0")]).await.unwrap();
+    assert_eq!(response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "2222m");
+    let timing = h.timings.take().pop().unwrap();
+    // The first pick ("aaa", read while the lock was being read) was redone for "zzz".
+    assert_eq!(timing.retries, 1, "{timing:?}");
+    assert_eq!(
+        annotation(&h.pod("zzz").await, "hami.io/bind-phase").unwrap(),
+        "success"
+    );
+    assert_eq!(h.node_lock().await, None);
+    // "aaa" untouched: its entry still there, no file of it left behind.
+    let aaa = h.pod("aaa").await;
+    assert_eq!(
+        annotation(&aaa, "hami.io/bind-phase").unwrap(),
+        "allocating"
+    );
+    assert!(
+        annotation(&aaa, "hami.io/vgpu-devices-to-allocate")
+            .unwrap()
+            .contains("NVIDIA")
+    );
+    assert_eq!(
+        names(&h.containers_dir()),
+        [
+            format!("{}_main", uid(&locked)),
+            format!("{}_main.limits", uid(&locked))
+        ]
+    );
+    // Then "aaa", found by listing.
+    let response = h.allocate(&[&format!("{GPU_A}-0")]).await.unwrap();
+    assert_eq!(response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "1111m");
+    assert_eq!(
+        annotation(&h.pod("aaa").await, "hami.io/bind-phase").unwrap(),
+        "success"
+    );
+}

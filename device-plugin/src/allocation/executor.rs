@@ -1,6 +1,5 @@
 //! The executor: the thin I/O around [`super::plan`]. For each `Allocate` call:
 //!
-//! 0. **before the lock**: read the node lock `hami.io/mutex.lock` (one node GET);
 //! 1. **under a node-wide lock, in memory only**: find the pod ([`super::locator`]; from the
 //!    watch-fed [`PodCache`] when it holds it, else from the API server), decode its devices
 //!    ([`super::codec`]), plan each requested container (pure), and *claim* the pod: the cache
@@ -8,7 +7,9 @@
 //!    finds the same pod (its next container) waits until this claim has settled;
 //! 2. **outside the lock**, so that concurrent calls overlap their fsyncs and round trips:
 //!    recreate each per-container directory and publish its limits file atomically (on a
-//!    blocking thread); then one merge patch erases the entries from
+//!    blocking thread) while the node lock `hami.io/mutex.lock` is read (one node GET). HAMi's
+//!    rule holds: when the lock names another pod than the one selected, the files are removed
+//!    and the selection redone knowing the lock. Then one merge patch erases the entries from
 //!    `hami.io/vgpu-devices-to-allocate` — adding `hami.io/bind-phase: success` when no NVIDIA
 //!    entry is left — and carries the pod's `resourceVersion`, so the API server accepts it only
 //!    if the pod read was current: a stale cache can never cause a wrong allocation. On 409 (or
@@ -44,6 +45,7 @@ use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_container,
 use super::pod_cache::PodCache;
 use crate::api::v1beta1;
 use crate::devices::DeviceTable;
+use crate::pending_pod::lock_holder;
 use crate::service::AllocateHandler;
 
 /// Mode of the per-container directory: HAMi-core's shared region (`usage.cache`) and lock files
@@ -51,7 +53,8 @@ use crate::service::AllocateHandler;
 pub const CONTAINER_DIR_MODE: u32 = 0o777;
 
 /// Selections tried per `Allocate` call: the first may read the pod from the cache; the others
-/// read it from the API server after the API server refused the patch (the pod had changed).
+/// read it from the API server, after the API server refused the patch (the pod had changed) or
+/// the node lock named another pod.
 pub const MAX_SELECT_ATTEMPTS: u32 = 3;
 
 /// Where one allocation spent its time (for logs and the benchmark).
@@ -59,9 +62,9 @@ pub const MAX_SELECT_ATTEMPTS: u32 = 3;
 pub struct AllocateTiming {
     /// Waiting for the node-wide allocation lock.
     pub queued: Duration,
-    /// Reading the node lock (node GET, before the queue).
+    /// Reading the node lock (node GET, concurrent with the disk work).
     pub node_get: Duration,
-    /// Finding the pod (node GET, then the cache or a pod GET or LIST; every attempt).
+    /// Finding the pod (the cache, else a pod GET or LIST; every attempt).
     pub locate: Duration,
     /// Directory creation and limits file publication (includes the fsyncs).
     pub disk: Duration,
@@ -222,8 +225,12 @@ struct Failure {
     /// Event message (names the path and the error for disk failures).
     message: String,
     /// The API server refused the selection because the pod read was not its current version
-    /// (409) or is gone (404): read it again and retry.
+    /// (409) or is gone (404), or the node lock names another pod: read it again and retry.
     stale: bool,
+    /// The node lock could not be read: nothing was written and the pod is left as it is.
+    lookup: bool,
+    /// The node lock as read during this attempt (the next attempt starts from it).
+    lock_read: Option<Option<String>>,
 }
 
 impl Failure {
@@ -233,6 +240,8 @@ impl Failure {
             status: Status::failed_precondition(message.clone()),
             message,
             stale: false,
+            lookup: false,
+            lock_read: None,
         }
     }
 
@@ -245,6 +254,8 @@ impl Failure {
             status: Status::internal(message.clone()),
             message,
             stale: false,
+            lookup: false,
+            lock_read: None,
         }
     }
 
@@ -254,6 +265,8 @@ impl Failure {
             status: Status::unavailable(message.clone()),
             message,
             stale: false,
+            lookup: false,
+            lock_read: None,
         }
     }
 }
@@ -497,6 +510,8 @@ impl Allocator {
                     status: Status::failed_precondition(message.clone()),
                     message,
                     stale: false,
+                    lookup: false,
+                    lock_read: None,
                 }
             })?;
         let mut devices = PodDevices::decode(value).map_err(|source| {
@@ -516,6 +531,8 @@ impl Allocator {
                     status: Status::failed_precondition(message.clone()),
                     message,
                     stale: false,
+                    lookup: false,
+                    lock_read: None,
                 });
             };
             let plan = plan_container(
@@ -548,6 +565,50 @@ impl Allocator {
         )
     }
 
+    fn lookup_failure(&self, e: &kube::Error) -> Failure {
+        let message = format!(
+            "cannot look for the pod being allocated on node {}: {e}",
+            self.node_name
+        );
+        Failure {
+            status: Status::unavailable(message.clone()),
+            message,
+            stale: false,
+            lookup: true,
+            lock_read: None,
+        }
+    }
+
+    /// HAMi's rule, checked once the node lock is read: the pod the lock names comes first. When
+    /// it names another pod than the one selected, a `stale` failure (the selection is redone
+    /// knowing the lock); otherwise the lock goes with the pod when it names it (to be released).
+    fn apply_lock(located: &mut Located, lock: Option<String>) -> Result<(), Failure> {
+        let holder = lock.as_deref().and_then(lock_holder);
+        let ours = holder.is_some()
+            && holder
+                == located
+                    .pod
+                    .metadata
+                    .namespace
+                    .as_deref()
+                    .zip(located.pod.metadata.name.as_deref());
+        if holder.is_some() && !ours {
+            let message = format!(
+                "the node lock {ANNOTATION_MUTEX_LOCK} names another pod than {}",
+                pod_key(&located.pod)
+            );
+            return Err(Failure {
+                status: Status::aborted(message.clone()),
+                message,
+                stale: true,
+                lookup: false,
+                lock_read: Some(lock),
+            });
+        }
+        located.lock = lock.filter(|_| ours);
+        Ok(())
+    }
+
     fn claims(&self) -> std::sync::MutexGuard<'_, Claims> {
         self.claims.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -577,7 +638,24 @@ impl Allocator {
             } else {
                 None
             };
-            let found = locate_with(&self.client, &self.node_name, lock, cache, trips).await;
+            // A pod whose last entries another call is allocating is passed over, as it will be
+            // fully allocated (the cache already shows it so; a GET or LIST cannot).
+            let passed_over = |pod: &Pod| {
+                let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                self.claims()
+                    .in_flight
+                    .get(uid)
+                    .is_some_and(|(_, last)| *last)
+            };
+            let found = locate_with(
+                &self.client,
+                &self.node_name,
+                lock,
+                cache,
+                &passed_over,
+                trips,
+            )
+            .await;
             timing.locate += started.elapsed();
             let (located, source) = match found {
                 Err(e) => return Err(Self::lookup_error(&self.node_name, &e)),
@@ -597,7 +675,7 @@ impl Allocator {
             let (busy, changed) = {
                 let claims = self.claims();
                 (
-                    claims.in_flight.get(&uid).cloned(),
+                    claims.in_flight.get(&uid).map(|(m, _)| Arc::clone(m)),
                     claims.settled.contains(&uid),
                 )
             };
@@ -618,7 +696,9 @@ impl Allocator {
                 Ok((selection, erased)) => {
                     let mutex = Arc::new(tokio::sync::Mutex::new(()));
                     let held = Arc::clone(&mutex).lock_owned().await;
-                    self.claims().in_flight.insert(uid.clone(), mutex);
+                    self.claims()
+                        .in_flight
+                        .insert(uid.clone(), (mutex, selection.done));
                     if let Some(cache) = &self.cache {
                         cache.claim(&located.pod, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE, &erased);
                     }
@@ -664,12 +744,12 @@ impl Allocator {
     /// the failure `stale`: the pod read was not current, and is read again.
     async fn execute(
         &self,
-        located: &Located,
+        located: &mut Located,
         claim: Claim,
+        read_lock: bool,
         timing: &mut AllocateTiming,
     ) -> Result<v1beta1::AllocateResponse, Failure> {
-        let pod = &located.pod;
-        let key = pod_key(pod);
+        let key = pod_key(&located.pod);
         let Claim {
             selection,
             erased,
@@ -678,7 +758,7 @@ impl Allocator {
         } = claim;
         let Selection { plans, done } = selection;
         let started = Instant::now();
-        let disk = tokio::task::spawn_blocking(move || {
+        let disk_task = tokio::task::spawn_blocking(move || {
             let mut written: Vec<Written> = Vec::new();
             let mut publish = Duration::ZERO;
             for plan in &plans {
@@ -695,11 +775,44 @@ impl Allocator {
                 }
             }
             (plans, Ok((written, publish)))
-        })
-        .await;
-        timing.disk = started.elapsed();
+        });
+        // The node lock, read while the files are written (off the critical path) when this
+        // attempt does not know it yet.
+        let lock_task = async {
+            if !read_lock {
+                return None;
+            }
+            let started = Instant::now();
+            let mut trips = LocateTrips::default();
+            let lock = node_lock(&self.client, &self.node_name, &mut trips).await;
+            Some((lock, started.elapsed()))
+        };
+        let (disk, lock_read) = tokio::join!(
+            async {
+                let disk = disk_task.await;
+                (disk, started.elapsed())
+            },
+            lock_task
+        );
+        let (disk, disk_time) = disk;
+        timing.disk = disk_time;
+        if let Some((lock, took)) = lock_read {
+            timing.node_get = took;
+            timing.api_round_trips += 1;
+            if let Err(failure) = lock
+                .map_err(|e| self.lookup_failure(&e))
+                .and_then(|lock| Self::apply_lock(located, lock))
+            {
+                if let Ok((_, Ok((written, _)))) = &disk {
+                    written.iter().for_each(Written::undo);
+                }
+                self.settle(located, &uid, held, false);
+                return Err(failure);
+            }
+        }
+        let pod = &located.pod;
         let (plans, outcome) = match disk {
-            Ok(done) => done,
+            Ok(finished) => finished,
             Err(e) => {
                 self.settle(located, &uid, held, false);
                 let message = format!("allocation failed for pod {key}: disk task failed: {e}");
@@ -707,6 +820,8 @@ impl Allocator {
                     status: Status::internal(message.clone()),
                     message,
                     stale: false,
+                    lookup: false,
+                    lock_read: None,
                 });
             }
         };
@@ -800,9 +915,9 @@ struct Claim {
 /// The allocator's claims on pods (see [`Allocator`]'s `choose`).
 #[derive(Debug, Default)]
 struct Claims {
-    /// Pods (by UID) whose selection patch is in flight, each with a mutex its claimer holds
-    /// until the patch has settled.
-    in_flight: std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Pods (by UID) being allocated, each with a mutex its claimer holds until its patch has
+    /// settled, and whether the claim takes the pod's last NVIDIA entries.
+    in_flight: std::collections::HashMap<String, (Arc<tokio::sync::Mutex<()>>, bool)>,
     /// Pods whose claim settled since the current lookup began (cleared when one begins; lookups
     /// run one at a time, under the node-wide lock).
     settled: std::collections::HashSet<String>,
@@ -838,41 +953,53 @@ impl AllocateHandler for Allocator {
         let started = Instant::now();
         let mut timing = AllocateTiming::default();
         let mut trips = LocateTrips::default();
-        // The node lock is read before queueing: it names the pod kubelet is calling for now.
-        let lock = node_lock(&self.client, &self.node_name, &mut trips).await;
-        timing.node_get = started.elapsed();
-        timing.locate = timing.node_get;
+        // The node lock: unknown on the first attempt (read while the files are written, and the
+        // attempt redone if it names another pod), then as last read.
+        let mut known_lock: Option<Option<String>> = None;
         let mut outcome = AllocateOutcome::Failed;
         let mut attempt = 1;
         let result = loop {
-            let lock = match &lock {
-                Ok(lock) => lock.as_deref(),
-                Err(e) => {
-                    let (o, status) = Self::lookup_error(&self.node_name, e);
-                    outcome = o;
-                    break Err(status);
-                }
-            };
+            let lock = known_lock.as_ref().and_then(|l| l.as_deref());
             let chosen = self
                 .choose(lock, &request, attempt, &mut timing, &mut trips)
                 .await;
-            let (located, claim) = match chosen {
+            let (mut located, claim) = match chosen {
                 Err((o, status)) => {
                     outcome = o;
                     break Err(status);
                 }
                 Ok(chosen) => chosen,
             };
+            let read_lock = known_lock.is_none();
             let executed = match claim {
-                Ok(claim) => self.execute(&located, claim, &mut timing).await,
+                Ok(claim) => {
+                    self.execute(&mut located, claim, read_lock, &mut timing)
+                        .await
+                }
+                // Nothing written; the node lock is still needed (which pod; what to release).
+                Err(failure) if read_lock => {
+                    let mut trips = LocateTrips::default();
+                    timing.api_round_trips += 1;
+                    match node_lock(&self.client, &self.node_name, &mut trips).await {
+                        Err(e) => Err(self.lookup_failure(&e)),
+                        Ok(lock) => Self::apply_lock(&mut located, lock).and(Err(failure)),
+                    }
+                }
                 Err(failure) => Err(failure),
             };
             match executed {
+                Err(failure) if failure.lookup => {
+                    outcome = AllocateOutcome::LookupError;
+                    break Err(failure.status);
+                }
                 Err(failure) if failure.stale && attempt < MAX_SELECT_ATTEMPTS => {
-                    tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %failure.message, "pod changed since it was read; reading it again");
+                    tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %failure.message, "selection redone");
                     self.metrics.observe_stale_pod_retry();
                     timing.retries += 1;
                     attempt += 1;
+                    if let Some(lock) = failure.lock_read {
+                        known_lock = Some(lock);
+                    }
                 }
                 executed => {
                     self.metrics.observe_pod_lookup(timing.from_cache);

@@ -87,21 +87,27 @@ pub async fn locate(
     trips: &mut LocateTrips,
 ) -> Result<Option<Located>, kube::Error> {
     let lock = node_lock(client, node_name, trips).await?;
-    Ok(locate_with(client, node_name, lock.as_deref(), None, trips)
-        .await?
-        .map(|(located, _)| located))
+    Ok(
+        locate_with(client, node_name, lock.as_deref(), None, &|_| false, trips)
+            .await?
+            .map(|(located, _)| located),
+    )
 }
 
 /// Finds the pod being allocated on `node_name`, given the node lock's value: the pod the lock
 /// names, else the first pending pod on the node. With a synced `cache`, the pod is taken from it
-/// when it holds one that qualifies; otherwise (and without a cache) from the API server.
+/// when it holds one that qualifies; otherwise (and without a cache) from the API server. A pod
+/// for which `passed_over` is true (its last entries are being allocated by another call) counts
+/// as fully allocated.
 pub async fn locate_with(
     client: &kube::Client,
     node_name: &str,
     lock: Option<&str>,
     cache: Option<&PodCache>,
+    passed_over: &(dyn Fn(&Pod) -> bool + Sync),
     trips: &mut LocateTrips,
 ) -> Result<Option<(Located, Source)>, kube::Error> {
+    let fully_allocated = |pod: &Pod| fully_allocated(pod) || passed_over(pod);
     if let Some(lock) = lock
         && let Some((namespace, name)) = lock_holder(lock)
     {
@@ -138,7 +144,7 @@ pub async fn locate_with(
             lock: lock.filter(|_| named).map(str::to_owned),
         }
     };
-    if let Some(pod) = cache.and_then(|c| c.first_pending(node_name)) {
+    if let Some(pod) = cache.and_then(|c| c.first_pending(node_name, passed_over)) {
         return Ok(Some((located(pod), Source::Cache)));
     }
     let pods: Api<Pod> = Api::all(client.clone());

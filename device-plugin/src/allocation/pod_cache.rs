@@ -154,9 +154,9 @@ impl PodCache {
     }
 
     /// The first pod (in list order) pending on `node` with an NVIDIA entry left to allocate,
-    /// when synced.
+    /// except those `passed_over` says to pass over, when synced.
     #[must_use]
-    pub fn first_pending(&self, node: &str) -> Option<Pod> {
+    pub fn first_pending(&self, node: &str, passed_over: impl Fn(&Pod) -> bool) -> Option<Pod> {
         let inner = self.lock();
         if !inner.synced {
             return None;
@@ -164,7 +164,7 @@ impl PodCache {
         inner
             .pods
             .values()
-            .find(|p| is_pending_here(p, node) && !fully_allocated(p))
+            .find(|p| is_pending_here(p, node) && !fully_allocated(p) && !passed_over(p))
             .cloned()
     }
 
@@ -304,17 +304,22 @@ mod tests {
         cache.apply(pod("a", "u1", "5", "Pending", ONE));
         assert!(!cache.is_synced());
         assert!(cache.get("ns", "a").is_none());
-        assert!(cache.first_pending("n1").is_none());
+        assert!(cache.first_pending("n1", |_| false).is_none());
         cache.begin_list();
         cache.list_item(pod("a", "u1", "5", "Pending", ONE));
         cache.end_list();
         assert_eq!(
-            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            cache
+                .first_pending("n1", |_| false)
+                .unwrap()
+                .metadata
+                .name
+                .unwrap(),
             "a"
         );
         cache.unsync();
         assert!(cache.get("ns", "a").is_none());
-        assert!(cache.first_pending("n1").is_none());
+        assert!(cache.first_pending("n1", |_| false).is_none());
     }
 
     #[test]
@@ -327,10 +332,15 @@ mod tests {
         ]);
         // "b-2" < "c"; "a" has nothing left; "b" is running.
         assert_eq!(
-            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            cache
+                .first_pending("n1", |_| false)
+                .unwrap()
+                .metadata
+                .name
+                .unwrap(),
             "b-2"
         );
-        assert!(cache.first_pending("other-node").is_none());
+        assert!(cache.first_pending("other-node", |_| false).is_none());
     }
 
     #[test]
@@ -340,7 +350,7 @@ mod tests {
         cache.observe(&pod("a", "u1", "9", "Pending", ";"));
         // ...then the watch delivers an earlier change (rv 6).
         cache.apply(pod("a", "u1", "6", "Pending", ONE));
-        assert!(cache.first_pending("n1").is_none());
+        assert!(cache.first_pending("n1", |_| false).is_none());
         assert_eq!(
             cache
                 .get("ns", "a")
@@ -396,13 +406,23 @@ mod tests {
         cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ";");
         // The next call passes over "a".
         assert_eq!(
-            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            cache
+                .first_pending("n1", |_| false)
+                .unwrap()
+                .metadata
+                .name
+                .unwrap(),
             "b"
         );
         // The patch failed: "a" is back.
         cache.unclaim(&original);
         assert_eq!(
-            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            cache
+                .first_pending("n1", |_| false)
+                .unwrap()
+                .metadata
+                .name
+                .unwrap(),
             "a"
         );
         // The patch succeeded: its answer replaces the claim; a late unclaim changes nothing.
@@ -410,7 +430,12 @@ mod tests {
         cache.observe(&pod("a", "u1", "8", "Pending", ";"));
         cache.unclaim(&original);
         assert_eq!(
-            cache.first_pending("n1").unwrap().metadata.name.unwrap(),
+            cache
+                .first_pending("n1", |_| false)
+                .unwrap()
+                .metadata
+                .name
+                .unwrap(),
             "b"
         );
         // A claim never hides a newer version the view already holds.
@@ -430,6 +455,6 @@ mod tests {
     fn non_numeric_versions_let_the_later_write_win() {
         let cache = synced(&[pod("a", "u1", "x", "Pending", ONE)]);
         cache.apply(pod("a", "u1", "y", "Pending", ";"));
-        assert!(cache.first_pending("n1").is_none());
+        assert!(cache.first_pending("n1", |_| false).is_none());
     }
 }
