@@ -2,10 +2,13 @@
 # Allocate latency benchmark: the fake kubelet calls Allocate over the plugin's unix socket, the
 # plugin finds the pod (its watch-fed pod cache, else the in-process API server), publishes the
 # limits file on local disk (fsync'd) and patches the pod. Sequential, then CONCURRENCY calls at
-# once; ALLOCATIONS each; the whole run repeated RUNS times (a fresh world each time).
+# once; ALLOCATIONS each, alternating in chunks with a baseline plugin that has no pod cache
+# (every pod read from the API server); the whole run repeated RUNS times (a fresh world each
+# time). Each phase starts after REST seconds: this class of VM disk slows down for a while after
+# sustained concurrent fsyncs (the disk floor at the end of each report shows its state).
 #
 #   bench/allocate/run.sh                       # 3 runs of 1000 allocations, 8 concurrent, /var/tmp
-#   RUNS=1 ALLOCATIONS=200 CONCURRENCY=4 BENCH_DIR=/mnt/disk bench/allocate/run.sh
+#   RUNS=1 REST=0 ALLOCATIONS=200 CONCURRENCY=4 BENCH_DIR=/mnt/disk bench/allocate/run.sh
 #
 # Writes bench/allocate/results.md (also printed): the median p99 over the runs first, then each
 # run's full report. Release build. Run it on an otherwise idle machine.
@@ -15,6 +18,7 @@ ALLOCATIONS=${ALLOCATIONS:-1000}
 CONCURRENCY=${CONCURRENCY:-8}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 RUNS=${RUNS:-3}
+REST=${REST:-20}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release -p hami-tests --example allocate_bench
 bin="$CARGO_TARGET_DIR/release/examples/allocate_bench"
@@ -23,18 +27,18 @@ reports=$(mktemp -d)
 trap 'rm -rf "$reports"' EXIT
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for run in $(seq 1 "$RUNS"); do
-  "$bin" --allocations "$ALLOCATIONS" --concurrency "$CONCURRENCY" --dir "$BENCH_DIR" > "$reports/$run.md"
+  "$bin" --allocations "$ALLOCATIONS" --concurrency "$CONCURRENCY" --rest "$REST" --dir "$BENCH_DIR" > "$reports/$run.md"
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # The latency table's rows: | run | allocations | errors | p50 | p90 | p99 | max | mean |
-row() { grep -E "^\| $1 \| [0-9]+ \| [0-9]+ \|" "$2"; }
+row() { grep -F "| $1 | " "$2" | grep -E "^\| [^|]+ \| [0-9]+ \| [0-9]+ \|"; }
 median() { sort -g | awk '{v[NR]=$1} END {if (NR%2) print v[(NR+1)/2]; else printf "%.3f\n", (v[NR/2]+v[NR/2+1])/2}'; }
 tmp=$(mktemp)
 {
   echo "# Allocate latency"
   echo
-  echo "Command: \`RUNS=$RUNS ALLOCATIONS=$ALLOCATIONS CONCURRENCY=$CONCURRENCY BENCH_DIR=$BENCH_DIR bench/allocate/run.sh\` (release build)"
+  echo "Command: \`RUNS=$RUNS REST=$REST ALLOCATIONS=$ALLOCATIONS CONCURRENCY=$CONCURRENCY BENCH_DIR=$BENCH_DIR bench/allocate/run.sh\` (release build)"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "- machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'))," \
@@ -46,12 +50,15 @@ tmp=$(mktemp)
   echo
   echo "| run | p99 ms per run | median p99 ms | median p50 ms | errors (all runs) |"
   echo "|---|---|---:|---:|---:|"
-  for name in sequential "$CONCURRENCY concurrent"; do
+  for name in sequential "sequential, no pod cache (baseline)" "$CONCURRENCY concurrent" \
+              "$CONCURRENCY concurrent, no pod cache (baseline)"; do
     p99s=$(for f in "$reports"/*.md; do row "$name" "$f" | awk -F'|' '{gsub(/ /,"",$7); print $7}'; done)
     p50s=$(for f in "$reports"/*.md; do row "$name" "$f" | awk -F'|' '{gsub(/ /,"",$5); print $5}'; done)
     errors=$(for f in "$reports"/*.md; do row "$name" "$f" | awk -F'|' '{gsub(/ /,"",$4); print $4}'; done | awk '{s+=$1} END {print s+0}')
     echo "| $name | $(echo "$p99s" | paste -sd' ' | sed 's/ /, /g') | $(echo "$p99s" | median) | $(echo "$p50s" | median) | $errors |"
   done
+  floor=$(for f in "$reports"/*.md; do grep -E "^\| $CONCURRENCY at once \|" "$f" | awk -F'|' '{gsub(/ /,"",$5); print $5}'; done)
+  echo "| disk floor: publish_atomic alone, $CONCURRENCY at once | $(echo "$floor" | paste -sd' ' | sed 's/ /, /g') | $(echo "$floor" | median) | | |"
   for run in $(seq 1 "$RUNS"); do
     echo
     echo "## Run $run"
