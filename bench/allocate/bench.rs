@@ -379,5 +379,14 @@ fn main() {
         print!("{}", report(&[seq, seq_base, con, con_base]));
         pause();
         print!("{}", disk_probe(&h.hook, n, width));
+        // The files stay: removing thousands of them now would slow every file creation on this
+        // file system for minutes (ext4 passes over recently deleted inodes when it allocates
+        // one), which is what the next run would then measure. run.sh removes them at the end.
+        let kept = [h.keep_dir(), base.keep_dir()];
+        eprintln!(
+            "allocate_bench: files kept in {} and {} (remove them when done)",
+            kept[0].display(),
+            kept[1].display()
+        );
     });
 }

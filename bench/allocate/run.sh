@@ -4,8 +4,7 @@
 # limits file on local disk (fsync'd) and patches the pod. Sequential, then CONCURRENCY calls at
 # once; ALLOCATIONS each, alternating in chunks with a baseline plugin that has no pod cache
 # (every pod read from the API server); the whole run repeated RUNS times (a fresh world each
-# time). Each phase starts after REST seconds: this class of VM disk slows down for a while after
-# sustained concurrent fsyncs (the disk floor at the end of each report shows its state).
+# time). With REST, each phase starts after that many seconds of pause.
 #
 #   bench/allocate/run.sh                       # 3 runs of 1000 allocations, 8 concurrent, /var/tmp
 #   RUNS=1 REST=0 ALLOCATIONS=200 CONCURRENCY=4 BENCH_DIR=/mnt/disk bench/allocate/run.sh
@@ -18,16 +17,22 @@ ALLOCATIONS=${ALLOCATIONS:-1000}
 CONCURRENCY=${CONCURRENCY:-8}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 RUNS=${RUNS:-3}
-REST=${REST:-20}
+REST=${REST:-0}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release -p hami-tests --example allocate_bench
 bin="$CARGO_TARGET_DIR/release/examples/allocate_bench"
 out=${OUT:-bench/allocate/results.md}
 reports=$(mktemp -d)
-trap 'rm -rf "$reports"' EXIT
+# The runs' files are kept until the last run is over, then removed: deleting thousands of files
+# makes ext4 pass over the recently deleted inodes (ext4_new_inode -> recently_deleted(), a window
+# of 60 s, 300 s while the inode table block is dirty) on every file creation for minutes, which
+# a run started meanwhile would measure instead of the plugin. For the same reason, start it a few
+# minutes after a build or `cargo clean` (the disk floor at the end of each report shows the state).
+work=$(mktemp -d "$BENCH_DIR/hami-allocate-bench-run.XXXXXX")
+trap 'rm -rf "$reports" "$work"' EXIT
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for run in $(seq 1 "$RUNS"); do
-  "$bin" --allocations "$ALLOCATIONS" --concurrency "$CONCURRENCY" --rest "$REST" --dir "$BENCH_DIR" > "$reports/$run.md"
+  "$bin" --allocations "$ALLOCATIONS" --concurrency "$CONCURRENCY" --rest "$REST" --dir "$work" > "$reports/$run.md"
 done
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 

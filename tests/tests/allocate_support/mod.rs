@@ -253,6 +253,12 @@ impl Harness {
         }
     }
 
+    /// Stops everything and keeps the directory (benchmarks: deleting thousands of files right
+    /// away would slow the next file creations on ext4; see bench/allocate/run.sh).
+    pub fn keep_dir(self) -> PathBuf {
+        self.dir.keep()
+    }
+
     pub fn containers_dir(&self) -> PathBuf {
         self.hook.join("vgpu/containers")
     }
