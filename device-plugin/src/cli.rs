@@ -383,6 +383,9 @@ pub struct RunContext {
     pub allocate: crate::allocation::AllocateArgs,
     /// Where the allocator and the collector report.
     pub metrics: Arc<Metrics>,
+    /// The watch-fed view of this node's pods (with a client), shared by `Allocate` and
+    /// `GetPreferredAllocation`.
+    pub pod_cache: Option<Arc<crate::allocation::pod_cache::PodCache>>,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -491,6 +494,17 @@ pub async fn run_with_options(
         Some(client) => Some(client),
         None => Some(kube::Client::try_default().await?),
     };
+    // The pods bound to this node, watched, so that Allocate and GetPreferredAllocation find
+    // their pod without a LIST.
+    let pod_cache = client.as_ref().map(|client| {
+        let cache = crate::allocation::pod_cache::PodCache::new();
+        tokio::spawn(Arc::clone(&cache).run(
+            client.clone(),
+            node_name.clone(),
+            std::future::pending(),
+        ));
+        cache
+    });
     let context = RunContext {
         node_name: node_name.clone(),
         settings: settings.clone(),
@@ -498,11 +512,15 @@ pub async fn run_with_options(
         source: args.source.clone(),
         allocate: args.allocate.clone(),
         metrics: Arc::clone(&metrics),
+        pod_cache: pod_cache.clone(),
     };
     let allocate = make_allocate(&context)?;
-    let pending: Arc<dyn PendingPodDevices> = match &client {
-        Some(client) => Arc::new(KubePendingPod::new(client.clone(), node_name.clone())),
-        None => Arc::new(NoPendingPod),
+    let pending: Arc<dyn PendingPodDevices> = match (&client, pod_cache) {
+        (Some(client), Some(cache)) => {
+            Arc::new(KubePendingPod::new(client.clone(), node_name.clone()).with_pod_cache(cache))
+        }
+        (Some(client), None) => Arc::new(KubePendingPod::new(client.clone(), node_name.clone())),
+        (None, _) => Arc::new(NoPendingPod),
     };
     let state = SharedState::new(
         table.clone(),

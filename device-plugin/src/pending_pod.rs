@@ -54,6 +54,7 @@ pub fn is_pending_here(pod: &Pod, node: &str) -> bool {
 pub struct KubePendingPod {
     client: kube::Client,
     node_name: String,
+    cache: Option<std::sync::Arc<crate::allocation::pod_cache::PodCache>>,
 }
 
 impl std::fmt::Debug for KubePendingPod {
@@ -70,15 +71,36 @@ impl KubePendingPod {
         Self {
             client,
             node_name: node_name.into(),
+            cache: None,
         }
     }
 
-    /// The pod being admitted on this node (the locator `Allocate` uses too).
+    /// Reads pods from `cache` first (the view `Allocate` reads too).
+    #[must_use]
+    pub fn with_pod_cache(
+        mut self,
+        cache: std::sync::Arc<crate::allocation::pod_cache::PodCache>,
+    ) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The pod being admitted on this node (the locator `Allocate` uses too): the node lock (one
+    /// node GET), then the pod from the cache when it holds it, else from the API server.
     pub async fn find(&self) -> Result<Option<Pod>, kube::Error> {
-        let mut trips = crate::allocation::locator::LocateTrips::default();
-        crate::allocation::locator::locate(&self.client, &self.node_name, &mut trips)
-            .await
-            .map(|found| found.map(|l| l.pod))
+        use crate::allocation::locator::{LocateTrips, locate_with, node_lock};
+        let mut trips = LocateTrips::default();
+        let lock = node_lock(&self.client, &self.node_name, &mut trips).await?;
+        locate_with(
+            &self.client,
+            &self.node_name,
+            lock.as_deref(),
+            self.cache.as_deref(),
+            &|_| false,
+            &mut trips,
+        )
+        .await
+        .map(|found| found.map(|(l, _)| l.pod))
     }
 }
 

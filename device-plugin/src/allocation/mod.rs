@@ -49,8 +49,8 @@ pub struct AllocateArgs {
 }
 
 /// The `Allocate` handler `run` installs: the [`executor::Allocator`] with its settings from the
-/// device and node config (dynamic MIG refused here, at start), reading pods from a
-/// [`pod_cache::PodCache`] fed by a watch of the node's pods, and the [`collector::Collector`]
+/// device and node config (dynamic MIG refused here, at start), reading pods from the run's
+/// [`pod_cache::PodCache`] (fed by a watch of the node's pods), and the [`collector::Collector`]
 /// started beside it. Without an API server client (`--skip-node-register`) the pod cannot be
 /// found, so only `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
 pub fn make_handler(
@@ -97,16 +97,10 @@ pub fn make_handler(
     )
     .with_metrics(std::sync::Arc::clone(&ctx.metrics));
     tokio::spawn(collector.run(std::future::pending()));
-    // The pods bound to this node, watched, so that Allocate finds its pod without a LIST.
-    let pods = pod_cache::PodCache::new();
-    tokio::spawn(std::sync::Arc::clone(&pods).run(
-        client.clone(),
-        ctx.node_name.clone(),
-        std::future::pending(),
-    ));
-    Ok(std::sync::Arc::new(
-        executor::Allocator::new(client.clone(), ctx.node_name.clone(), settings)
-            .with_metrics(std::sync::Arc::clone(&ctx.metrics))
-            .with_pod_cache(pods),
-    ))
+    let mut allocator = executor::Allocator::new(client.clone(), ctx.node_name.clone(), settings)
+        .with_metrics(std::sync::Arc::clone(&ctx.metrics));
+    if let Some(pods) = &ctx.pod_cache {
+        allocator = allocator.with_pod_cache(std::sync::Arc::clone(pods));
+    }
+    Ok(std::sync::Arc::new(allocator))
 }

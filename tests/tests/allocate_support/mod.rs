@@ -231,7 +231,11 @@ impl Harness {
             table,
             true,
             Arc::new(allocator),
-            Arc::new(KubePendingPod::new(server.client(), NODE)),
+            Arc::new(if view == PodView::Off {
+                KubePendingPod::new(server.client(), NODE)
+            } else {
+                KubePendingPod::new(server.client(), NODE).with_pod_cache(Arc::clone(&cache))
+            }),
         );
         let kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
         let mut lifecycle = Lifecycle::new(&kubelet_dir, "nvidia.com/gpu");
