@@ -80,20 +80,6 @@ pub async fn node_lock(
         .cloned())
 }
 
-/// Finds the pod being allocated on `node_name`; `None` when there is none.
-pub async fn locate(
-    client: &kube::Client,
-    node_name: &str,
-    trips: &mut LocateTrips,
-) -> Result<Option<Located>, kube::Error> {
-    let lock = node_lock(client, node_name, trips).await?;
-    Ok(
-        locate_with(client, node_name, lock.as_deref(), None, &|_| false, trips)
-            .await?
-            .map(|(located, _)| located),
-    )
-}
-
 /// Finds the pod being allocated on `node_name`, given the node lock's value: the pod the lock
 /// names, else the first pending pod on the node. With a synced `cache`, the pod is taken from it
 /// when it holds one that qualifies; otherwise (and without a cache) from the API server. A pod
