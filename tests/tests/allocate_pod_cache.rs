@@ -236,3 +236,76 @@ async fn the_pod_the_node_lock_names_comes_first() {
         "success"
     );
 }
+
+/// kubelet may go away in the middle of a call (the gRPC future is dropped): the call still runs
+/// to a definite end on its own task (files and pod agree, its claim settled), and the next call
+/// for that pod does not hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_leaves_no_claim_behind() {
+    use hami_device_plugin::allocation::executor::Allocator;
+    use hami_device_plugin::devices::DeviceTable;
+    use hami_device_plugin::inventory::{DeviceFilter, FileInventory, GpuInventory};
+    use hami_device_plugin::service::AllocateHandler;
+
+    let h = Harness::start_with(PodView::Watch, settings).await;
+    // A second allocator on the same cache and API server, called directly so that the test
+    // can drop its future at any point.
+    let allocator =
+        Allocator::new(h.server.client(), NODE, settings(&h.hook)).with_pod_cache(h.cache.clone());
+    let gpus = FileInventory::new(h.dir.path().join("inventory.yaml"))
+        .discover()
+        .unwrap();
+    let (table, _) = DeviceTable::build(gpus, &DeviceFilter::default(), 10, false).unwrap();
+    let request = |id: &str| hami_device_plugin::api::v1beta1::AllocateRequest {
+        container_requests: vec![hami_device_plugin::api::v1beta1::ContainerAllocateRequest {
+            devices_ids: vec![id.to_owned()],
+        }],
+    };
+    for (i, micros) in [0u64, 50, 200, 500, 1000, 1500, 2000, 3000, 5000]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("cancel-{i}");
+        let mem = 1000 + i as u64;
+        let pod = h
+            .admit(gpu_pod(&name, &[Ctr::gpu("main", mem, 10)], json!({})))
+            .await;
+        h.schedule(&pod, &[vec![dev(GPU_A, mem, 10)]], false).await;
+        wait_cached(&h, &name).await;
+        let id = format!("{GPU_A}-{}", i % 10);
+        // Dropped after `micros` (or finished before): the next call for the same pod must
+        // complete, and the pod end up allocated once, with its file.
+        let cancelled = tokio::time::timeout(
+            Duration::from_micros(micros),
+            allocator.allocate(&table, request(&id)),
+        )
+        .await;
+        if cancelled.is_err() {
+            let again = tokio::time::timeout(WAIT, allocator.allocate(&table, request(&id)))
+                .await
+                .unwrap_or_else(|_| panic!("{name}: the call after a cancelled one hung"));
+            // Either call may be the one that allocates the pod; the other finds no pod left.
+            if let Err(status) = &again {
+                assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+            }
+        }
+        // A dropped call still runs to its end on its own task; wait for it.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while annotation(&h.pod(&name).await, "hami.io/bind-phase").as_deref() != Some("success") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} after {micros} µs: never allocated"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let text = std::fs::read_to_string(
+            h.containers_dir()
+                .join(format!("{}_main.limits", uid(&pod))),
+        )
+        .unwrap();
+        assert!(
+            text.contains(&format!("CUDA_DEVICE_MEMORY_LIMIT_0={mem}m\n")),
+            "{text}"
+        );
+    }
+}

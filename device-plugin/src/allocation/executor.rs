@@ -271,8 +271,21 @@ impl Failure {
     }
 }
 
-/// The `Allocate` handler of hami-limits.
+/// The `Allocate` handler of hami-limits. Each call runs as its own task, so that a call whose
+/// kubelet went away (its gRPC future dropped) still runs to a definite end: files and pod agree,
+/// and its claim is settled.
 pub struct Allocator {
+    core: Arc<Core>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+/// What the calls share.
+struct Core {
     client: kube::Client,
     node_name: String,
     settings: AllocationSettings,
@@ -286,7 +299,7 @@ pub struct Allocator {
     metrics: Arc<crate::metrics::Metrics>,
 }
 
-impl std::fmt::Debug for Allocator {
+impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Allocator")
             .field("node_name", &self.node_name)
@@ -311,22 +324,33 @@ impl Allocator {
             Err(error) => tracing::warn!(%error, "cannot sweep the containers directory"),
         }
         Self {
-            client,
-            node_name: node_name.into(),
-            settings,
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            serial: tokio::sync::Mutex::new(()),
-            claims: Mutex::default(),
-            cache: None,
-            timings: None,
-            metrics: Arc::default(),
+            core: Arc::new(Core {
+                client,
+                node_name: node_name.into(),
+                settings,
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                serial: tokio::sync::Mutex::new(()),
+                claims: Mutex::default(),
+                cache: None,
+                timings: None,
+                metrics: Arc::default(),
+            }),
+        }
+    }
+
+    /// The shared part, to set up before the first call (an `Allocator` is not `Clone`; only a
+    /// running call shares it).
+    fn setup(&mut self, f: impl FnOnce(&mut Core)) {
+        match Arc::get_mut(&mut self.core) {
+            Some(core) => f(core),
+            None => tracing::warn!("allocator set up after its first call; setting ignored"),
         }
     }
 
     /// Reports every call (outcome, latency, files published, delivery mode) to `metrics`.
     #[must_use]
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        self.metrics = metrics;
+        self.setup(|core| core.metrics = metrics);
         self
     }
 
@@ -334,21 +358,24 @@ impl Allocator {
     /// patches are put back into it.
     #[must_use]
     pub fn with_pod_cache(mut self, cache: Arc<PodCache>) -> Self {
-        self.cache = Some(cache);
+        self.setup(|core| core.cache = Some(cache));
         self
     }
 
     /// Records every call's [`AllocateTiming`] into `log` (benchmarks).
+    #[must_use]
     pub fn with_timings(mut self, log: Arc<TimingLog>) -> Self {
-        self.timings = Some(log);
+        self.setup(|core| core.timings = Some(log));
         self
     }
 
     /// The settings in use.
     pub fn settings(&self) -> &AllocationSettings {
-        &self.settings
+        &self.core.settings
     }
+}
 
+impl Core {
     fn libvgpu_host(&self) -> PathBuf {
         let versioned = self.settings.libvgpu_host_path(&self.version, true);
         let exists = versioned.is_file();
@@ -625,7 +652,7 @@ impl Allocator {
         attempt: u32,
         timing: &mut AllocateTiming,
         trips: &mut LocateTrips,
-    ) -> Result<(Located, Result<Claim, Failure>), (AllocateOutcome, Status)> {
+    ) -> Result<(Located, Result<Claim<'_>, Failure>), (AllocateOutcome, Status)> {
         let queued = Instant::now();
         let _serial = self.serial.lock().await;
         timing.queued += queued.elapsed();
@@ -705,34 +732,19 @@ impl Allocator {
                     Ok(Claim {
                         selection,
                         erased,
-                        uid,
-                        held,
+                        guard: ClaimGuard {
+                            owner: self,
+                            uid,
+                            original: located.pod.clone(),
+                            kept: false,
+                            held: Some(held),
+                        },
                     })
                 }
             };
             return Ok((located, claim));
             // The node-wide lock is released here.
         }
-    }
-
-    /// Ends a claim: dropped from the cache unless `kept` (its patch succeeded), then no longer in
-    /// flight; a call waiting for it looks again.
-    fn settle(
-        &self,
-        located: &Located,
-        uid: &str,
-        held: tokio::sync::OwnedMutexGuard<()>,
-        kept: bool,
-    ) {
-        if !kept && let Some(cache) = &self.cache {
-            cache.unclaim(&located.pod);
-        }
-        {
-            let mut claims = self.claims();
-            claims.in_flight.remove(uid);
-            claims.settled.insert(uid.to_owned());
-        }
-        drop(held);
     }
 
     /// Phase 2, outside the node-wide lock (so that concurrent calls for different pods overlap
@@ -745,7 +757,7 @@ impl Allocator {
     async fn execute(
         &self,
         located: &mut Located,
-        claim: Claim,
+        claim: Claim<'_>,
         read_lock: bool,
         timing: &mut AllocateTiming,
     ) -> Result<v1beta1::AllocateResponse, Failure> {
@@ -753,8 +765,7 @@ impl Allocator {
         let Claim {
             selection,
             erased,
-            uid,
-            held,
+            guard,
         } = claim;
         let Selection { plans, done } = selection;
         let started = Instant::now();
@@ -806,7 +817,7 @@ impl Allocator {
                 if let Ok((_, Ok((written, _)))) = &disk {
                     written.iter().for_each(Written::undo);
                 }
-                self.settle(located, &uid, held, false);
+                guard.settle(false);
                 return Err(failure);
             }
         }
@@ -814,7 +825,7 @@ impl Allocator {
         let (plans, outcome) = match disk {
             Ok(finished) => finished,
             Err(e) => {
-                self.settle(located, &uid, held, false);
+                guard.settle(false);
                 let message = format!("allocation failed for pod {key}: disk task failed: {e}");
                 return Err(Failure {
                     status: Status::internal(message.clone()),
@@ -829,7 +840,7 @@ impl Allocator {
             Ok(done) => done,
             Err(failure) => {
                 self.metrics.observe_publish_failure();
-                self.settle(located, &uid, held, false);
+                guard.settle(false);
                 return Err(failure);
             }
         };
@@ -844,7 +855,7 @@ impl Allocator {
         timing.patch_pod += started.elapsed();
         if let Err(e) = patched {
             written.iter().for_each(Written::undo);
-            self.settle(located, &uid, held, false);
+            guard.settle(false);
             let stale = matches!(&e, kube::Error::Api(s) if s.code == 409 || s.code == 404);
             let what = if done {
                 format!(
@@ -857,7 +868,7 @@ impl Allocator {
             failure.stale = stale;
             return Err(failure);
         }
-        self.settle(located, &uid, held, true);
+        guard.settle(true);
         for plan in &plans {
             tracing::info!(
                 pod = %key,
@@ -905,11 +916,54 @@ impl Allocator {
 /// A pod claimed by one call: what it selected, the annotation with those entries erased, and
 /// the claim's mutex (held until the claim settles).
 #[derive(Debug)]
-struct Claim {
+struct Claim<'a> {
     selection: Selection,
     erased: String,
+    guard: ClaimGuard<'a>,
+}
+
+/// Holds a claim until it settles — also when the call is cancelled (kubelet gone): dropping it
+/// takes the claim back from the cache unless it was `kept` (its patch succeeded), ends it in the
+/// claims, then releases its mutex (a call waiting for it looks again).
+struct ClaimGuard<'a> {
+    owner: &'a Core,
     uid: String,
-    held: tokio::sync::OwnedMutexGuard<()>,
+    /// The pod as read, shown again if the claim is not kept.
+    original: Pod,
+    kept: bool,
+    held: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl std::fmt::Debug for ClaimGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimGuard")
+            .field("uid", &self.uid)
+            .field("kept", &self.kept)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClaimGuard<'_> {
+    /// Ends the claim now; `kept` when its patch succeeded.
+    fn settle(mut self, kept: bool) {
+        self.kept = kept;
+    }
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        if !self.kept
+            && let Some(cache) = &self.owner.cache
+        {
+            cache.unclaim(&self.original);
+        }
+        {
+            let mut claims = self.owner.claims();
+            claims.in_flight.remove(&self.uid);
+            claims.settled.insert(self.uid.clone());
+        }
+        drop(self.held.take());
+    }
 }
 
 /// The allocator's claims on pods (see [`Allocator`]'s `choose`).
@@ -948,6 +1002,18 @@ impl AllocateHandler for Allocator {
     async fn allocate(
         &self,
         _devices: &DeviceTable,
+        request: v1beta1::AllocateRequest,
+    ) -> Result<v1beta1::AllocateResponse, Status> {
+        let core = Arc::clone(&self.core);
+        tokio::spawn(async move { core.allocate(request).await })
+            .await
+            .unwrap_or_else(|e| Err(Status::internal(format!("allocation task failed: {e}"))))
+    }
+}
+
+impl Core {
+    async fn allocate(
+        &self,
         request: v1beta1::AllocateRequest,
     ) -> Result<v1beta1::AllocateResponse, Status> {
         let started = Instant::now();
