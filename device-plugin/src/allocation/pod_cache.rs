@@ -288,6 +288,21 @@ mod tests {
 
     const ONE: &str = "GPU-a,NVIDIA,1000,50:;";
 
+    /// The name of the first pending pod on node "n1".
+    fn first(cache: &PodCache) -> Option<String> {
+        cache
+            .first_pending("n1", |_| false)
+            .and_then(|p| p.metadata.name)
+    }
+
+    /// The resourceVersion the cache holds for pod `ns/name`.
+    fn version(cache: &PodCache, name: &str) -> String {
+        cache
+            .get("ns", name)
+            .and_then(|p| p.metadata.resource_version)
+            .unwrap()
+    }
+
     fn synced(pods: &[Pod]) -> Arc<PodCache> {
         let cache = PodCache::new();
         cache.begin_list();
@@ -308,15 +323,7 @@ mod tests {
         cache.begin_list();
         cache.list_item(pod("a", "u1", "5", "Pending", ONE));
         cache.end_list();
-        assert_eq!(
-            cache
-                .first_pending("n1", |_| false)
-                .unwrap()
-                .metadata
-                .name
-                .unwrap(),
-            "a"
-        );
+        assert_eq!(first(&cache).unwrap(), "a");
         cache.unsync();
         assert!(cache.get("ns", "a").is_none());
         assert!(cache.first_pending("n1", |_| false).is_none());
@@ -331,15 +338,7 @@ mod tests {
             pod("b-2", "u4", "8", "Pending", ONE),
         ]);
         // "b-2" < "c"; "a" has nothing left; "b" is running.
-        assert_eq!(
-            cache
-                .first_pending("n1", |_| false)
-                .unwrap()
-                .metadata
-                .name
-                .unwrap(),
-            "b-2"
-        );
+        assert_eq!(first(&cache).unwrap(), "b-2");
         assert!(cache.first_pending("other-node", |_| false).is_none());
     }
 
@@ -351,40 +350,16 @@ mod tests {
         // ...then the watch delivers an earlier change (rv 6).
         cache.apply(pod("a", "u1", "6", "Pending", ONE));
         assert!(cache.first_pending("n1", |_| false).is_none());
-        assert_eq!(
-            cache
-                .get("ns", "a")
-                .unwrap()
-                .metadata
-                .resource_version
-                .unwrap(),
-            "9"
-        );
+        assert_eq!(version(&cache, "a"), "9");
         // The same version from the watch, and later ones, are taken.
         cache.apply(pod("a", "u1", "10", "Running", ";"));
-        assert_eq!(
-            cache
-                .get("ns", "a")
-                .unwrap()
-                .metadata
-                .resource_version
-                .unwrap(),
-            "10"
-        );
+        assert_eq!(version(&cache, "a"), "10");
         // A relist older than what the plugin wrote keeps the plugin's version.
         cache.observe(&pod("a", "u1", "12", "Running", ";"));
         cache.begin_list();
         cache.list_item(pod("a", "u1", "11", "Running", ";"));
         cache.end_list();
-        assert_eq!(
-            cache
-                .get("ns", "a")
-                .unwrap()
-                .metadata
-                .resource_version
-                .unwrap(),
-            "12"
-        );
+        assert_eq!(version(&cache, "a"), "12");
     }
 
     #[test]
@@ -405,50 +380,18 @@ mod tests {
         let cache = synced(&[original.clone(), pod("b", "u2", "6", "Pending", ONE)]);
         cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ";");
         // The next call passes over "a".
-        assert_eq!(
-            cache
-                .first_pending("n1", |_| false)
-                .unwrap()
-                .metadata
-                .name
-                .unwrap(),
-            "b"
-        );
+        assert_eq!(first(&cache).unwrap(), "b");
         // The patch failed: "a" is back.
         cache.unclaim(&original);
-        assert_eq!(
-            cache
-                .first_pending("n1", |_| false)
-                .unwrap()
-                .metadata
-                .name
-                .unwrap(),
-            "a"
-        );
+        assert_eq!(first(&cache).unwrap(), "a");
         // The patch succeeded: its answer replaces the claim; a late unclaim changes nothing.
         cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ";");
         cache.observe(&pod("a", "u1", "8", "Pending", ";"));
         cache.unclaim(&original);
-        assert_eq!(
-            cache
-                .first_pending("n1", |_| false)
-                .unwrap()
-                .metadata
-                .name
-                .unwrap(),
-            "b"
-        );
+        assert_eq!(first(&cache).unwrap(), "b");
         // A claim never hides a newer version the view already holds.
         cache.claim(&original, "hami.io/vgpu-devices-to-allocate", ONE);
-        assert_eq!(
-            cache
-                .get("ns", "a")
-                .unwrap()
-                .metadata
-                .resource_version
-                .unwrap(),
-            "8"
-        );
+        assert_eq!(version(&cache, "a"), "8");
     }
 
     #[test]
