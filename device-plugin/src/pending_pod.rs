@@ -29,7 +29,20 @@ pub fn lock_holder(lock: &str) -> Option<(&str, &str)> {
     (!namespace.is_empty() && !name.is_empty()).then_some((namespace, name))
 }
 
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+/// Whether the node lock `lock` names `pod` (by namespace and name).
+pub fn lock_names(lock: &str, pod: &Pod) -> bool {
+    lock_holder(lock).is_some_and(|holder| {
+        Some(holder)
+            == pod
+                .metadata
+                .namespace
+                .as_deref()
+                .zip(pod.metadata.name.as_deref())
+    })
+}
+
+/// The value of the pod's annotation `key`.
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
     pod.metadata
         .annotations
         .as_ref()?

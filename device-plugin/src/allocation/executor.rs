@@ -45,7 +45,7 @@ use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_container,
 use super::pod_cache::PodCache;
 use crate::api::v1beta1;
 use crate::devices::DeviceTable;
-use crate::pending_pod::lock_holder;
+use crate::pending_pod::{annotation, lock_holder, lock_names};
 use crate::service::AllocateHandler;
 
 /// Mode of the per-container directory: HAMi-core's shared region (`usage.cache`) and lock files
@@ -524,12 +524,7 @@ impl Core {
     ) -> Result<(Selection, String), Failure> {
         let pod = &located.pod;
         let key = pod_key(pod);
-        let value = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(ANNOTATION_VGPU_DEVICES_TO_ALLOCATE))
-            .ok_or_else(|| {
+        let value = annotation(pod, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE).ok_or_else(|| {
                 let message = format!(
                     "allocation failed: pod {key} has no {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE} annotation"
                 );
@@ -583,15 +578,7 @@ impl Core {
         ))
     }
 
-    fn lookup_error(node: &str, e: &kube::Error) -> (AllocateOutcome, Status) {
-        (
-            AllocateOutcome::LookupError,
-            Status::unavailable(format!(
-                "cannot look for the pod being allocated on node {node}: {e}"
-            )),
-        )
-    }
-
+    /// The API server could not be asked which pod is being allocated: nothing was written.
     fn lookup_failure(&self, e: &kube::Error) -> Failure {
         let message = format!(
             "cannot look for the pod being allocated on node {}: {e}",
@@ -610,18 +597,13 @@ impl Core {
     /// it names another pod than the one selected, a `stale` failure (the selection is redone
     /// knowing the lock); otherwise the lock goes with the pod when it names it (to be released).
     fn apply_lock(located: &mut Located, lock: Option<String>) -> Result<(), Failure> {
-        let holder = lock.as_deref().and_then(lock_holder);
-        let ours = holder.is_some()
-            && holder
-                == located
-                    .pod
-                    .metadata
-                    .namespace
-                    .as_deref()
-                    .zip(located.pod.metadata.name.as_deref());
-        if holder.is_some() && !ours {
+        let ours = lock.as_deref().is_some_and(|l| lock_names(l, &located.pod));
+        if let Some(other) = lock
+            .as_deref()
+            .filter(|l| !ours && lock_holder(l).is_some())
+        {
             let message = format!(
-                "the node lock {ANNOTATION_MUTEX_LOCK} names another pod than {}",
+                "the node lock {ANNOTATION_MUTEX_LOCK}={other:?} names another pod than {}",
                 pod_key(&located.pod)
             );
             return Err(Failure {
@@ -685,7 +667,9 @@ impl Core {
             .await;
             timing.locate += started.elapsed();
             let (located, source) = match found {
-                Err(e) => return Err(Self::lookup_error(&self.node_name, &e)),
+                Err(e) => {
+                    return Err((AllocateOutcome::LookupError, self.lookup_failure(&e).status));
+                }
                 Ok(None) => {
                     return Err((
                         AllocateOutcome::NoPod,
@@ -742,8 +726,8 @@ impl Core {
                     })
                 }
             };
+            // Returning releases the node-wide lock.
             return Ok((located, claim));
-            // The node-wide lock is released here.
         }
     }
 

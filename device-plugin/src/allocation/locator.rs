@@ -21,15 +21,12 @@ use kube::api::{Api, ListParams};
 
 use super::codec::PodDevices;
 use super::pod_cache::PodCache;
-use crate::pending_pod::{is_pending_here, lock_holder};
+use crate::pending_pod::{annotation, is_pending_here, lock_holder, lock_names};
 use hami_shared::names::{ANNOTATION_MUTEX_LOCK, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE};
 
 /// True when the pod's devices annotation decodes and names no NVIDIA device any more.
 pub fn fully_allocated(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_VGPU_DEVICES_TO_ALLOCATE))
+    annotation(pod, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE)
         .and_then(|v| PodDevices::decode(v).ok())
         .is_some_and(|d| !d.has_nvidia())
 }
@@ -93,7 +90,7 @@ pub async fn locate_with(
     passed_over: &(dyn Fn(&Pod) -> bool + Sync),
     trips: &mut LocateTrips,
 ) -> Result<Option<(Located, Source)>, kube::Error> {
-    let fully_allocated = |pod: &Pod| fully_allocated(pod) || passed_over(pod);
+    let nothing_left = |pod: &Pod| fully_allocated(pod) || passed_over(pod);
     if let Some(lock) = lock
         && let Some((namespace, name)) = lock_holder(lock)
     {
@@ -106,7 +103,7 @@ pub async fn locate_with(
             }
         };
         if let Some(pod) = pod
-            && !fully_allocated(&pod)
+            && !nothing_left(&pod)
         {
             return Ok(Some((
                 Located {
@@ -118,17 +115,9 @@ pub async fn locate_with(
         }
     }
     // The lock still goes with the pod it names when that pod is found by listing.
-    let located = |pod: Pod| {
-        let named = lock.and_then(lock_holder)
-            == pod
-                .metadata
-                .namespace
-                .as_deref()
-                .zip(pod.metadata.name.as_deref());
-        Located {
-            pod,
-            lock: lock.filter(|_| named).map(str::to_owned),
-        }
+    let located = |pod: Pod| Located {
+        lock: lock.filter(|l| lock_names(l, &pod)).map(str::to_owned),
+        pod,
     };
     if let Some(pod) = cache.and_then(|c| c.first_pending(node_name, passed_over)) {
         return Ok(Some((located(pod), Source::Cache)));
@@ -141,6 +130,6 @@ pub async fn locate_with(
     Ok(list
         .items
         .into_iter()
-        .find(|p| is_pending_here(p, node_name) && !fully_allocated(p))
+        .find(|p| is_pending_here(p, node_name) && !nothing_left(p))
         .map(|pod| (located(pod), Source::Api)))
 }

@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 
 use super::codec::{ContainerDevice, ContainerSlot, PodDevices};
+use crate::pending_pod::annotation;
 
 /// Settings the plan depends on (the node's resolved device config).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -278,14 +279,6 @@ pub fn literal_env<'a>(container: &'a Container, name: &str) -> Option<&'a str> 
         .rev()
         .find(|e| e.name == name)
         .and_then(|e| e.value.as_deref())
-}
-
-fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(String::as_str)
 }
 
 /// The container of a slot.
