@@ -224,25 +224,35 @@ struct Failure {
     status: Status,
     /// Event message (names the path and the error for disk failures).
     message: String,
+    kind: FailureKind,
+}
+
+/// What a [`Failure`] leads to.
+#[derive(Debug)]
+enum FailureKind {
+    /// The allocation fails: bind-phase failed, lock released, Event.
+    Fail,
     /// The API server refused the selection because the pod read was not its current version
-    /// (409) or is gone (404), or the node lock names another pod: read it again and retry.
-    stale: bool,
+    /// (409) or is gone (404), or the node lock names another pod: read it again and retry,
+    /// starting from the node lock as read during this attempt, when it was.
+    Stale { lock_read: Option<Option<String>> },
     /// The node lock could not be read: nothing was written and the pod is left as it is.
-    lookup: bool,
-    /// The node lock as read during this attempt (the next attempt starts from it).
-    lock_read: Option<Option<String>>,
+    Lookup,
 }
 
 impl Failure {
+    /// A failure that fails the allocation; `status` makes the gRPC status from the message.
+    fn new(status: fn(String) -> Status, message: String) -> Self {
+        Self {
+            status: status(message.clone()),
+            message,
+            kind: FailureKind::Fail,
+        }
+    }
+
     fn plan(e: PlanError) -> Self {
         let message = format!("allocation failed: {e}");
-        Self {
-            status: Status::failed_precondition(message.clone()),
-            message,
-            stale: false,
-            lookup: false,
-            lock_read: None,
-        }
+        Self::new(Status::failed_precondition, message)
     }
 
     fn disk(pod: &str, container: &str, e: &DiskError) -> Self {
@@ -250,24 +260,12 @@ impl Failure {
             "allocation failed for pod {pod} container {container}: {} ({e}); the container would run without its GPU limits",
             e.path().display()
         );
-        Self {
-            status: Status::internal(message.clone()),
-            message,
-            stale: false,
-            lookup: false,
-            lock_read: None,
-        }
+        Self::new(Status::internal, message)
     }
 
     fn api(what: &str, e: &kube::Error) -> Self {
         let message = format!("allocation failed: {what}: {e}");
-        Self {
-            status: Status::unavailable(message.clone()),
-            message,
-            stale: false,
-            lookup: false,
-            lock_read: None,
-        }
+        Self::new(Status::unavailable, message)
     }
 }
 
@@ -528,13 +526,7 @@ impl Core {
                 let message = format!(
                     "allocation failed: pod {key} has no {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE} annotation"
                 );
-                Failure {
-                    status: Status::failed_precondition(message.clone()),
-                    message,
-                    stale: false,
-                    lookup: false,
-                    lock_read: None,
-                }
+                Failure::new(Status::failed_precondition, message)
             })?;
         let mut devices = PodDevices::decode(value).map_err(|source| {
             Failure::plan(PlanError::Codec {
@@ -549,13 +541,7 @@ impl Core {
                 let message = format!(
                     "allocation failed: pod {key} has no container left with an NVIDIA device in {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE}"
                 );
-                return Err(Failure {
-                    status: Status::failed_precondition(message.clone()),
-                    message,
-                    stale: false,
-                    lookup: false,
-                    lock_read: None,
-                });
+                return Err(Failure::new(Status::failed_precondition, message));
             };
             let plan = plan_container(
                 pod,
@@ -585,11 +571,8 @@ impl Core {
             self.node_name
         );
         Failure {
-            status: Status::unavailable(message.clone()),
-            message,
-            stale: false,
-            lookup: true,
-            lock_read: None,
+            kind: FailureKind::Lookup,
+            ..Failure::new(Status::unavailable, message)
         }
     }
 
@@ -607,11 +590,10 @@ impl Core {
                 pod_key(&located.pod)
             );
             return Err(Failure {
-                status: Status::aborted(message.clone()),
-                message,
-                stale: true,
-                lookup: false,
-                lock_read: Some(lock),
+                kind: FailureKind::Stale {
+                    lock_read: Some(lock),
+                },
+                ..Failure::new(Status::aborted, message)
             });
         }
         located.lock = lock.filter(|_| ours);
@@ -811,13 +793,7 @@ impl Core {
             Err(e) => {
                 guard.settle(false);
                 let message = format!("allocation failed for pod {key}: disk task failed: {e}");
-                return Err(Failure {
-                    status: Status::internal(message.clone()),
-                    message,
-                    stale: false,
-                    lookup: false,
-                    lock_read: None,
-                });
+                return Err(Failure::new(Status::internal, message));
             }
         };
         let (written, publish) = match outcome {
@@ -849,7 +825,9 @@ impl Core {
                 format!("cannot erase the allocated entries of pod {key}")
             };
             let mut failure = Failure::api(&what, &e);
-            failure.stale = stale;
+            if stale {
+                failure.kind = FailureKind::Stale { lock_read: None };
+            }
             return Err(failure);
         }
         guard.settle(true);
@@ -1038,16 +1016,20 @@ impl Core {
                 Err(failure) => Err(failure),
             };
             match executed {
-                Err(failure) if failure.lookup => {
+                Err(failure) if matches!(failure.kind, FailureKind::Lookup) => {
                     outcome = AllocateOutcome::LookupError;
                     break Err(failure.status);
                 }
-                Err(failure) if failure.stale && attempt < MAX_SELECT_ATTEMPTS => {
-                    tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %failure.message, "selection redone");
+                Err(Failure {
+                    kind: FailureKind::Stale { lock_read },
+                    message,
+                    ..
+                }) if attempt < MAX_SELECT_ATTEMPTS => {
+                    tracing::debug!(pod = %pod_key(&located.pod), attempt, from_cache = timing.from_cache, error = %message, "selection redone");
                     self.metrics.observe_stale_pod_retry();
                     timing.retries += 1;
                     attempt += 1;
-                    if let Some(lock) = failure.lock_read {
+                    if let Some(lock) = lock_read {
                         known_lock = Some(lock);
                     }
                 }
