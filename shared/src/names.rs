@@ -149,6 +149,8 @@ pub const LIMITS_FILE_SUFFIX: &str = ".limits";
 pub const USAGE_CACHE_FILE: &str = "usage.cache";
 /// HAMi-core library file name under `<HOOK_PATH>/vgpu`.
 pub const LIBVGPU_SO: &str = "libvgpu.so";
+/// The hami-limits preload library under `<HOOK_PATH>/vgpu` (loads `/overrideEnv` before `main`).
+pub const LIBHAMI_PRELOAD_SO: &str = "libhami_preload.so";
 /// Preload list file name under `<HOOK_PATH>/vgpu`.
 pub const LD_SO_PRELOAD_FILE: &str = "ld.so.preload";
 /// Container path of the preload list.
