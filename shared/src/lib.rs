@@ -30,6 +30,7 @@ pub mod config;
 pub mod hami_core;
 pub mod limits_file;
 pub mod names;
+pub mod preload;
 pub mod publish;
 pub mod values;
 

@@ -4,6 +4,9 @@
 //! comments, no blank lines, no spaces around `=`, a trailing newline, and always
 //! `HAMI_LIMITS_FORMAT=1`. It is the subset today's `load_env_from_file()` reads: that reader stops
 //! at the first line without `=`, splits at the first `=`, trims nothing and keeps `\r`.
+//!
+//! [`parse`] is the reader the preload library uses (see [`crate::preload`]): a malformed line is
+//! reported and skipped, the lines after it still count, and a CRLF ending is stripped.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -339,6 +342,22 @@ pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
     let last = lines.len();
     for (idx, raw) in lines.into_iter().enumerate() {
         let line = idx + 1;
+        // A CRLF line ending: the CR is stripped, so `3000m\r` means 3000 MiB (the preload library
+        // exports what this parser reads). A CR anywhere else is an error below.
+        let raw = match raw.strip_suffix(b"\r") {
+            Some(stripped) => {
+                out.diagnostics.push(Diagnostic {
+                    line,
+                    severity: Severity::Warning,
+                    message:
+                        "CRLF line ending: the carriage return is stripped (HAMi-core's own late \
+                              reader would keep it, so 3000m\\r would read as 3000 bytes there)"
+                            .to_owned(),
+                });
+                stripped
+            }
+            None => raw,
+        };
         let mut error = |message: String| {
             out.diagnostics.push(Diagnostic {
                 line,
@@ -355,7 +374,7 @@ pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
         }
         if raw.contains(&b'\r') {
             error(
-                "line contains a carriage return (CRLF line ending?): HAMi-core keeps it in the value, \
+                "line contains a carriage return before its end: HAMi-core keeps it in the value, \
                  so 3000m\\r would read as 3000 bytes"
                     .to_owned(),
             );

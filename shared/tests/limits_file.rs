@@ -132,11 +132,27 @@ fn malformed_files_report_the_right_lines_and_keep_the_good_ones() {
             ],
             &[("GOOD", "1")],
         ),
-        // CR (a CRLF file): HAMi-core would keep the \r in the value.
+        // CRLF endings: the CR is stripped (warning); a CR inside a line is an error.
         (
-            "CUDA_DEVICE_MEMORY_LIMIT_0=3000m\r\nCUDA_DEVICE_SM_LIMIT=50\nHAMI_LIMITS_FORMAT=1\n",
-            &[(1, Error, "carriage return")],
-            &[("CUDA_DEVICE_SM_LIMIT", "50"), ("HAMI_LIMITS_FORMAT", "1")],
+            "CUDA_DEVICE_MEMORY_LIMIT_0=3000m\r\nCUDA_DEVICE_SM_LIMIT=50\nHAMI_LIMITS_FORMAT=1\r\n",
+            &[
+                (1, Warning, "CRLF line ending"),
+                (3, Warning, "CRLF line ending"),
+            ],
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "3000m"),
+                ("CUDA_DEVICE_SM_LIMIT", "50"),
+                ("HAMI_LIMITS_FORMAT", "1"),
+            ],
+        ),
+        (
+            "CUDA_DEVICE_MEMORY_LIMIT_0=30\r00m\nCUDA_DEVICE_SM_LIMIT=50\r\r\nHAMI_LIMITS_FORMAT=1\n",
+            &[
+                (1, Error, "carriage return before its end"),
+                (2, Warning, "CRLF line ending"),
+                (2, Error, "carriage return before its end"),
+            ],
+            &[("HAMI_LIMITS_FORMAT", "1")],
         ),
         // A later duplicate wins, with a warning on its line.
         (
