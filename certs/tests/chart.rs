@@ -419,8 +419,10 @@ fn every_scenario_renders_only_known_kinds_with_unique_names() {
         "default",
         "device-plugin-only",
         "env-delivery",
+        "hook-installer",
         "ignore-no-conditions",
         "kai",
+        "kai-only",
         "per-gpu-vram",
         "per-node",
         "webhook-only",
@@ -1100,21 +1102,7 @@ fn device_plugin_daemonset_and_least_privilege_rbac() {
     );
     assert_eq!(mounts["device-config"].read_only, Some(true));
 
-    let init = container(pod, "install-hami-core");
-    assert_eq!(init.image.as_deref(), Some("projecthami/hami:v2.10.0"));
-    let script = &init.args.as_ref().unwrap()[0];
-    for needle in [
-        "libvgpu.so",
-        "ld.so.preload",
-        "/k8s-vgpu/lib/nvidia",
-        "mv -f",
-    ] {
-        assert!(
-            script.contains(needle),
-            "init script lacks {needle}: {script}"
-        );
-    }
-    assert_eq!(init.volume_mounts.as_ref().unwrap()[0].name, "hami-core");
+    assert_installs_hook(s, pod, "/usr/local");
 
     let cr: &ClusterRole = s.get(&format!("{PREFIX}-device-plugin"));
     assert_eq!(
@@ -1297,9 +1285,422 @@ fn components_can_be_installed_alone() {
         "no certificates without the webhook"
     );
     let ds: &DaemonSet = s.get(&format!("{PREFIX}-device-plugin"));
+    let pod = pod_spec_of_daemonset(ds);
+    assert!(pod.init_containers.is_none(), "hamiCore.install: false");
     assert!(
-        pod_spec_of_daemonset(ds).init_containers.is_none(),
-        "hamiCore.install: false"
+        pod.volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != "hami-core-image"),
+        "no hand-off folder without the init containers"
+    );
+}
+
+/// Where the device plugin image carries the preload library: the chart's `--preload` and the
+/// Dockerfile's `COPY` must both say it.
+fn preload_in_image() -> String {
+    format!(
+        "/usr/local/lib/hami-limits/{}",
+        hami_shared::names::LIBHAMI_PRELOAD_SO
+    )
+}
+
+/// HAMi-core is installed in two steps: `copy-hami-core` (HAMi's image, only `sh` and `cp`) copies
+/// HAMi's library folder into an emptyDir, then `install-hook` (our image) installs from it into
+/// `<hook>/vgpu` on the host, mounted at the same path (ld.so.preload names the libraries by the
+/// path workloads see).
+fn assert_installs_hook(s: &Scenario, pod: &PodSpec, hook: &str) {
+    let name = &s.name;
+    let vgpu = format!("{}/vgpu", hook.trim_end_matches('/'));
+    let inits: Vec<&str> = pod
+        .init_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        inits,
+        ["copy-hami-core", "install-hook"],
+        "{name}: copy first, then install"
+    );
+
+    let volumes: BTreeMap<_, _> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| (v.name.as_str(), v))
+        .collect();
+    let handoff = volumes["hami-core-image"]
+        .empty_dir
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: hami-core-image is not an emptyDir"));
+    assert_eq!(handoff.medium, None, "{name}: on disk, not in memory");
+    assert!(handoff.size_limit.is_some(), "{name}: no sizeLimit");
+    let host = volumes["hami-core"]
+        .host_path
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: hami-core is not a hostPath"));
+    assert_eq!(host.path, vgpu, "{name}");
+    assert_eq!(host.type_.as_deref(), Some("DirectoryOrCreate"), "{name}");
+    let mounts = |c: &Container| -> BTreeMap<String, (String, bool)> {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| {
+                (
+                    m.name.clone(),
+                    (m.mount_path.clone(), m.read_only == Some(true)),
+                )
+            })
+            .collect()
+    };
+
+    let copy = container(pod, "copy-hami-core");
+    assert_eq!(
+        copy.image.as_deref(),
+        Some("projecthami/hami:v2.10.0"),
+        "{name}"
+    );
+    assert_eq!(
+        copy.command.as_deref().unwrap(),
+        ["/bin/sh", "-c"],
+        "{name}: HAMi's image is assumed to have sh and cp only"
+    );
+    let script = &copy.args.as_ref().unwrap()[0];
+    assert!(
+        script.contains(r#"cp -RPf "$HAMI_CORE_SOURCE_DIR/." /hami-core/"#),
+        "{name}: the whole folder, links kept as links: {script}"
+    );
+    let env: BTreeMap<_, _> = copy
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref()))
+        .collect();
+    assert_eq!(
+        env,
+        BTreeMap::from([
+            ("HAMI_CORE_SOURCE_DIR", Some("/k8s-vgpu/lib/nvidia")),
+            ("NVIDIA_VISIBLE_DEVICES", Some("void")),
+        ]),
+        "{name}"
+    );
+    assert_eq!(
+        mounts(copy),
+        BTreeMap::from([(
+            "hami-core-image".to_owned(),
+            ("/hami-core".to_owned(), false)
+        )]),
+        "{name}: HAMi's image never sees the host folder"
+    );
+
+    let install = container(pod, "install-hook");
+    assert_eq!(
+        install.image.as_deref(),
+        Some("ghcr.io/hami-limits/hami-device-plugin:0.1.0"),
+        "{name}: the device plugin image"
+    );
+    assert!(
+        install.command.is_none(),
+        "{name}: the image's entrypoint, hami-device-plugin"
+    );
+    assert_eq!(
+        install.args.as_deref().unwrap(),
+        [
+            "install-hook".to_owned(),
+            "--hami-core-dir=/hami-core".to_owned(),
+            format!("--preload={}", preload_in_image()),
+            format!("--hook-path={hook}"),
+        ],
+        "{name}"
+    );
+    assert_eq!(
+        mounts(install),
+        BTreeMap::from([
+            (
+                "hami-core-image".to_owned(),
+                ("/hami-core".to_owned(), true)
+            ),
+            ("hami-core".to_owned(), (vgpu.clone(), false)),
+        ]),
+        "{name}: container path = host path"
+    );
+
+    for c in [copy, install] {
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(
+            sc.run_as_user,
+            Some(0),
+            "{name}/{}: the host folder is root's",
+            c.name
+        );
+        assert_eq!(sc.privileged, None, "{name}/{}", c.name);
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop.as_deref().unwrap(), ["ALL"], "{name}/{}", c.name);
+        assert!(caps.add.is_none(), "{name}/{}: no capability", c.name);
+    }
+}
+
+#[test]
+fn device_plugin_init_containers_install_hami_core_and_the_preload_library() {
+    let mut checked = 0;
+    for s in rendered().scenarios.values() {
+        let Some(ds) = s
+            .all::<DaemonSet>()
+            .into_iter()
+            .find(|d| d.name() == format!("{PREFIX}-device-plugin"))
+        else {
+            continue;
+        };
+        if s.values["devicePlugin"]["hamiCore"]["install"] == false {
+            continue;
+        }
+        let hook = s.values["devicePlugin"]["hookPath"].as_str().unwrap();
+        assert_installs_hook(s, pod_spec_of_daemonset(ds), hook);
+        checked += 1;
+    }
+    assert!(
+        checked >= 3,
+        "default, custom-names, hook-installer at least"
+    );
+    // A non-default hook path reaches the command.
+    let s = scenario("hook-installer");
+    let ds: &DaemonSet = s.get(&format!("{PREFIX}-device-plugin"));
+    let args = container(pod_spec_of_daemonset(ds), "install-hook")
+        .args
+        .clone()
+        .unwrap();
+    assert_eq!(args.last().unwrap(), "--hook-path=/opt/hami");
+}
+
+#[test]
+fn hook_installer_is_off_by_default_and_fills_the_folder_kai_pods_mount() {
+    let installer = format!("{PREFIX}-hook-installer");
+    let mut enabled_in = Vec::new();
+    for s in rendered().scenarios.values() {
+        let enabled = s.values["hookInstaller"]["enabled"] == true;
+        let daemonset = s.all::<DaemonSet>().iter().any(|d| d.name() == installer);
+        let account = s
+            .all::<ServiceAccount>()
+            .iter()
+            .any(|a| a.name() == installer);
+        assert_eq!(
+            (daemonset, account),
+            (enabled, enabled),
+            "{}: hook installer rendered iff hookInstaller.enabled",
+            s.name
+        );
+        if !enabled {
+            continue;
+        }
+        enabled_in.push(s.name.as_str());
+        let values = &s.values["hookInstaller"];
+        let ds: &DaemonSet = s.get(&installer);
+        let pod = pod_spec_of_daemonset(ds);
+        // The folder the webhook mounts into KAI pods is the one the installer fills.
+        let kai_dir = s.webhook_settings()["kai"]["hookPath"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let hook = kai_dir
+            .strip_suffix("/vgpu")
+            .unwrap_or_else(|| panic!("{}: {kai_dir} does not end in /vgpu", s.name));
+        assert_installs_hook(s, pod, hook);
+
+        // No API access.
+        let sa: &ServiceAccount = s.get(&installer);
+        assert_eq!(sa.automount_service_account_token, Some(false));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some(installer.as_str())
+        );
+        // Placement and resources from its values.
+        assert_eq!(
+            serde_json::to_value(&pod.node_selector).unwrap(),
+            values["nodeSelector"],
+            "{}",
+            s.name
+        );
+        assert_eq!(
+            serde_json::to_value(&pod.tolerations).unwrap(),
+            values["tolerations"],
+            "{}",
+            s.name
+        );
+        let priority = values["priorityClassName"].as_str().unwrap();
+        assert_eq!(
+            pod.priority_class_name.as_deref(),
+            Some(priority).filter(|p| !p.is_empty()),
+            "{}",
+            s.name
+        );
+        // The one long-running container only sleeps, unprivileged.
+        let [pause] = pod.containers.as_slice() else {
+            panic!("{}: one container", s.name)
+        };
+        assert_eq!(pause.name, "pause");
+        let image = &values["pauseImage"];
+        assert_eq!(
+            pause.image.as_deref(),
+            Some(
+                format!(
+                    "{}:{}",
+                    image["repository"].as_str().unwrap(),
+                    image["tag"].as_str().unwrap()
+                )
+                .as_str()
+            ),
+            "{}",
+            s.name
+        );
+        assert_eq!(
+            pause.image_pull_policy.as_deref(),
+            image["pullPolicy"].as_str()
+        );
+        assert!(pause.command.is_none() && pause.args.is_none());
+        assert!(
+            pause.volume_mounts.is_none(),
+            "{}: pause mounts nothing",
+            s.name
+        );
+        let sc = pause.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.run_as_user, Some(65535));
+        assert_eq!(
+            serde_json::to_value(&pause.resources).unwrap(),
+            values["resources"],
+            "{}",
+            s.name
+        );
+    }
+    assert_eq!(enabled_in, ["hook-installer", "kai-only"]);
+
+    // Defaults: off; when on, GPU Feature Discovery's GPU nodes, tolerating the GPU taint.
+    let defaults = &scenario("default").values["hookInstaller"];
+    assert_eq!(defaults["enabled"], false);
+    assert_eq!(
+        defaults["nodeSelector"],
+        json!({"nvidia.com/gpu.present": "true"})
+    );
+    assert_eq!(
+        defaults["pauseImage"],
+        json!({"repository": "registry.k8s.io/pause", "tag": "3.10", "pullPolicy": "IfNotPresent"})
+    );
+
+    // Beside the device plugin on a non-default hook path: both install into /opt/hami/vgpu, the
+    // folder the webhook mounts into KAI pods.
+    let s = scenario("hook-installer");
+    assert_eq!(s.webhook_settings()["kai"]["hookPath"], "/opt/hami/vgpu");
+    let pod = pod_spec_of_daemonset(s.get(&installer));
+    // Helm merges maps: the default label stays unless set to null.
+    assert_eq!(
+        pod.node_selector.as_ref().unwrap(),
+        &BTreeMap::from([
+            ("kai.example.com/gpu-pool".to_owned(), "shared".to_owned()),
+            ("nvidia.com/gpu.present".to_owned(), "true".to_owned())
+        ])
+    );
+    assert_eq!(
+        container(pod, "install-hook")
+            .args
+            .as_ref()
+            .unwrap()
+            .last()
+            .unwrap(),
+        "--hook-path=/opt/hami"
+    );
+    // A KAI cluster without HAMi: no device plugin, the KAI folder from webhook.kai.hookPath.
+    let s = scenario("kai-only");
+    assert!(
+        s.all::<DaemonSet>()
+            .iter()
+            .all(|d| d.name() != format!("{PREFIX}-device-plugin"))
+    );
+    assert_eq!(s.webhook_settings()["kai"]["hookPath"], "/opt/kai/vgpu");
+    let pod = pod_spec_of_daemonset(s.get(&installer));
+    assert_eq!(
+        container(pod, "install-hook")
+            .args
+            .as_ref()
+            .unwrap()
+            .last()
+            .unwrap(),
+        "--hook-path=/opt/kai"
+    );
+}
+
+#[test]
+fn install_hook_args_are_what_its_cli_reads_and_the_image_carries_the_library() {
+    use clap::CommandFactory;
+    use hami_device_plugin::cli::Cli;
+    // The Dockerfile copies the library where `--preload` looks, in the device plugin image.
+    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).unwrap();
+    let stage = dockerfile
+        .split("\nFROM ")
+        .find(|s| s.contains(" AS device-plugin"))
+        .expect("Dockerfile has a device-plugin stage");
+    assert!(
+        stage.lines().any(|l| l.starts_with("COPY --from=")
+            && l.trim_end().ends_with(&format!(" {}", preload_in_image()))),
+        "the device-plugin stage does not COPY the preload library to {}",
+        preload_in_image()
+    );
+
+    let cli = Cli::command();
+    if cli.find_subcommand("install-hook").is_none() {
+        // The sub-command is being added in parallel; the check turns on as soon as it exists.
+        eprintln!(
+            "hami-device-plugin has no install-hook yet: chart args not checked against its CLI"
+        );
+        return;
+    }
+    let mut checked = 0;
+    for s in rendered().scenarios.values() {
+        for ds in s.all::<DaemonSet>() {
+            let Some(c) = pod_spec_of_daemonset(ds)
+                .init_containers
+                .iter()
+                .flatten()
+                .find(|c| c.name == "install-hook")
+            else {
+                continue;
+            };
+            let args = c.args.clone().unwrap();
+            let matches = Cli::command()
+                .try_get_matches_from(
+                    std::iter::once("hami-device-plugin".to_owned()).chain(args.clone()),
+                )
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "{}/{}: hami-device-plugin refuses {args:?}: {e}",
+                        s.name,
+                        ds.name()
+                    )
+                });
+            let (sub, m) = matches.subcommand().unwrap();
+            assert_eq!(sub, "install-hook");
+            let hook = args
+                .iter()
+                .find_map(|a| a.strip_prefix("--hook-path="))
+                .unwrap();
+            assert_eq!(
+                m.try_get_one::<PathBuf>("hook_path").unwrap(),
+                Some(&PathBuf::from(hook)),
+                "{}/{}",
+                s.name,
+                ds.name()
+            );
+            assert_eq!(
+                m.try_get_one::<PathBuf>("preload").unwrap(),
+                Some(&PathBuf::from(preload_in_image()))
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked >= 4,
+        "only {checked} install-hook containers checked"
     );
 }
 
@@ -1461,7 +1862,11 @@ fn device_plugin_args_and_env_are_what_its_cli_reads() {
         .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
         .collect();
     for s in rendered().scenarios.values() {
-        for ds in s.all::<DaemonSet>() {
+        for ds in s
+            .all::<DaemonSet>()
+            .into_iter()
+            .filter(|d| d.name() == format!("{PREFIX}-device-plugin"))
+        {
             let c = container(pod_spec_of_daemonset(ds), "device-plugin");
             let args = c.args.clone().unwrap();
             let cli = Cli::try_parse_from(

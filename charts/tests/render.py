@@ -92,6 +92,23 @@ SCENARIOS: dict[str, dict] = {
         "certs": {"certgen": {"renewal": {"enabled": False}}},
     },
     "webhook-only": {"devicePlugin": {"enabled": False}},
+    # The hook installer beside the device plugin, both on a non-default hook path.
+    "hook-installer": {
+        "devicePlugin": {"hookPath": "/opt/hami"},
+        "hookInstaller": {
+            "enabled": True,
+            "nodeSelector": {"kai.example.com/gpu-pool": "shared"},
+            "tolerations": [{"key": "kai.example.com/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"}],
+            "priorityClassName": "",
+            "resources": {"requests": {"cpu": "2m", "memory": "4Mi"}, "limits": {"memory": "12Mi"}},
+        },
+    },
+    # A KAI cluster without HAMi: webhook and hook installer only, on the KAI hook folder.
+    "kai-only": {
+        "devicePlugin": {"enabled": False},
+        "hookInstaller": {"enabled": True, "pauseImage": {"repository": "mirror.example.com/pause", "tag": "3.10", "pullPolicy": "Always"}},
+        "webhook": {"kai": {"hookPath": "/opt/kai/vgpu"}},
+    },
     "device-plugin-only": {"webhook": {"enabled": False}, "devicePlugin": {"hamiCore": {"install": False}}},
 }
 
@@ -122,6 +139,16 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("certDays zero", {"certs": {"certDays": 0}}, "certDays"),
     ("issuerRef kind unknown", {"certs": {"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}}, "kind"),
     ("unknown top-level key", {"devicePlugins": {}}, "devicePlugins"),
+    ("hookInstaller.enabled as a string", {"hookInstaller": {"enabled": "true"}}, "enabled"),
+    ("typo in a hookInstaller key", {"hookInstaller": {"nodeSelectr": {"a": "b"}}}, "nodeSelectr"),
+    ("hookInstaller nodeSelector value not a string", {"hookInstaller": {"nodeSelector": {"gpu": True}}}, "nodeSelector"),
+    ("hookInstaller toleration without a list", {"hookInstaller": {"tolerations": "nvidia.com/gpu"}}, "tolerations"),
+    ("hookInstaller toleration operator lower case", {"hookInstaller": {"tolerations": [{"key": "k", "operator": "exists"}]}}, "operator"),
+    ("hookInstaller toleration unknown key", {"hookInstaller": {"tolerations": [{"key": "k", "effects": "NoSchedule"}]}}, "effects"),
+    ("hookInstaller resources unknown key", {"hookInstaller": {"resources": {"limit": {"memory": "16Mi"}}}}, "limit"),
+    ("hookInstaller memory with a space", {"hookInstaller": {"resources": {"limits": {"memory": "16 Mi"}}}}, "memory"),
+    ("hookInstaller pause image without tag", {"hookInstaller": {"pauseImage": {"tag": ""}}}, "tag"),
+    ("hookInstaller pause pullPolicy lower case", {"hookInstaller": {"pauseImage": {"pullPolicy": "always"}}}, "pullPolicy"),
 ]
 
 
@@ -130,6 +157,16 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
 TEMPLATE_REJECTS: list[tuple[str, dict, str]] = [
     ("certDays inside the renewal window", {"certs": {"certDays": 30}}, "certs.certDays (30) must be greater"),
     ("caDays inside the renewal window", {"certs": {"caDays": 20, "renewBeforeDays": 25, "certDays": 40}}, "certs.caDays (20)"),
+    (
+        "hook installer on a KAI folder not named vgpu",
+        {"hookInstaller": {"enabled": True}, "webhook": {"kai": {"hookPath": "/opt/hami-core"}}},
+        'the KAI hook folder "/opt/hami-core"',
+    ),
+    (
+        "hook installer on /vgpu (no hook path above it)",
+        {"hookInstaller": {"enabled": True}, "devicePlugin": {"hookPath": "/"}},
+        'the KAI hook folder "/vgpu"',
+    ),
 ]
 
 
@@ -200,6 +237,8 @@ def check_defaults_match_values_yaml(chart: "helm.Chart") -> None:
     values = chart.values
     if values["devicePlugin"]["limitDelivery"] != "file":
         raise Failure("default devicePlugin.limitDelivery is not file")
+    if values["hookInstaller"]["enabled"] is not False:
+        raise Failure("the hook installer is on by default (it is for KAI clusters only)")
     chart.validate_schema(copy.deepcopy(values))
 
 

@@ -93,3 +93,94 @@ capabilities:
 {{- range . -}}{{- $out = append $out (printf "'%s'" .) -}}{{- end -}}
 {{- join ", " $out -}}
 {{- end -}}
+
+{{/* Where the device plugin image carries the preload library (Dockerfile, stage device-plugin). */}}
+{{- define "hami-limits.preloadLibrary" -}}/usr/local/lib/hami-limits/libhami_preload.so{{- end -}}
+
+{{/* The host folder KAI pods get as HAMi-core (webhook.yaml kai.hookPath, and what the hook
+installer fills): webhook.kai.hookPath, else <devicePlugin.hookPath>/vgpu. One definition, so the
+webhook and the hook installer cannot disagree. */}}
+{{- define "hami-limits.kaiVgpuDir" -}}
+{{- default (printf "%s/vgpu" (trimSuffix "/" .Values.devicePlugin.hookPath)) .Values.webhook.kai.hookPath -}}
+{{- end -}}
+
+{{/*
+The two init containers that install HAMi-core and the preload library into <hookPath>/vgpu on the
+host; pass (dict "ctx" $ "hookPath" HOOK). The pod needs the volumes of "hami-limits.hookVolumes".
+  1. copy-hami-core (HAMi's image; only `sh` and `cp` assumed): copies HAMi's library folder as it
+     is (libvgpu.so or libvgpu.so.<version>, ld.so.preload, ...) into an emptyDir. Symbolic links
+     stay links (-P), so that install-hook sees libvgpu.so -> libvgpu.so.<version> as one file, not
+     two; ownership is not copied (root with no CAP_CHOWN could not);
+  2. install-hook (our image): `hami-device-plugin install-hook` picks libvgpu.so out of it and
+     installs it, libhami_preload.so and a generated ld.so.preload (preload library first) into
+     HOOK/vgpu, atomically (copy, then rename: a library mapped by running processes is never
+     overwritten in place) and idempotently.
+*/}}
+{{- define "hami-limits.hookInitContainers" -}}
+{{- $ctx := .ctx -}}
+{{- $core := $ctx.Values.devicePlugin.hamiCore -}}
+{{- $hook := .hookPath -}}
+- name: copy-hami-core
+  image: {{ include "hami-limits.image" (dict "ctx" $ctx "image" $core.image) }}
+  imagePullPolicy: {{ $core.image.pullPolicy }}
+  command: [/bin/sh, -c]
+  args:
+    - |
+      set -eu
+      [ -d "$HAMI_CORE_SOURCE_DIR" ] || { echo "copy-hami-core: $HAMI_CORE_SOURCE_DIR is not a folder in this image" >&2; exit 1; }
+      cp -RPf "$HAMI_CORE_SOURCE_DIR/." /hami-core/
+      echo "copy-hami-core: copied $HAMI_CORE_SOURCE_DIR"
+  env:
+    - name: HAMI_CORE_SOURCE_DIR
+      value: {{ $core.sourceDir | quote }}
+    # HAMi's image asks the NVIDIA runtime for every GPU; a copy needs none.
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: void
+  securityContext:
+    runAsUser: 0
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: [ALL]
+  resources:
+    {{- toYaml $core.resources | nindent 4 }}
+  volumeMounts:
+    - name: hami-core-image
+      mountPath: /hami-core
+- name: install-hook
+  image: {{ include "hami-limits.image" (dict "ctx" $ctx "image" $ctx.Values.devicePlugin.image) }}
+  imagePullPolicy: {{ $ctx.Values.devicePlugin.image.pullPolicy }}
+  args:
+    - install-hook
+    - --hami-core-dir=/hami-core
+    - --preload={{ include "hami-limits.preloadLibrary" $ctx }}
+    - --hook-path={{ $hook }}
+  securityContext:
+    # Root: <hookPath>/vgpu on the host is root-owned. Root without DAC_OVERRIDE can still write
+    # the folders and files it owns.
+    runAsUser: 0
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: [ALL]
+  resources:
+    {{- toYaml $core.resources | nindent 4 }}
+  volumeMounts:
+    - name: hami-core-image
+      mountPath: /hami-core
+      readOnly: true
+    # Container path = host path: ld.so.preload names the libraries by the path workloads see.
+    - name: hami-core
+      mountPath: {{ printf "%s/vgpu" (trimSuffix "/" $hook) }}
+{{- end -}}
+
+{{/* The hand-off folder between the two init containers of "hami-limits.hookInitContainers" (the
+pod also needs the hostPath volume `hami-core`: HOOK/vgpu, DirectoryOrCreate). HAMi's library
+folder is a few MiB. */}}
+{{- define "hami-limits.hookHandoffVolume" -}}
+- name: hami-core-image
+  emptyDir:
+    sizeLimit: 256Mi
+{{- end -}}
+
+{{- define "hami-limits.hookInstallerName" -}}{{ include "hami-limits.fullname" . }}-hook-installer{{- end -}}
