@@ -94,7 +94,7 @@ fn prints_every_pending_container_as_json_and_writes_nothing() {
         .iter()
         .map(|m| m["containerPath"].as_str().unwrap())
         .collect();
-    // CUDA_DISABLE_CONTROL=true: no ld.so.preload.
+    // CUDA_DISABLE_CONTROL=true: neither ld.so.preload nor the preload library it names.
     assert_eq!(
         mounts,
         [
@@ -102,6 +102,36 @@ fn prints_every_pending_container_as_json_and_writes_nothing() {
             &format!("{hook}/vgpu"),
             "/tmp/vgpulock",
             "/overrideEnv"
+        ]
+    );
+    // The init container keeps control: both, read-only, the library at the same path on both
+    // sides (under the configured hook path, which ld.so.preload names).
+    let warmup_mounts: Vec<(&str, &str, bool)> = warmup["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["containerPath"].as_str().unwrap(),
+                m["hostPath"].as_str().unwrap(),
+                m["readOnly"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let warmup_dir = format!("{hook}/vgpu/containers/{UID}_warmup");
+    let warmup_file = format!("{warmup_dir}.limits");
+    let lib = format!("{hook}/vgpu/libvgpu.so");
+    let list = format!("{hook}/vgpu/ld.so.preload");
+    let preload = format!("{hook}/vgpu/libhami_preload.so");
+    assert_eq!(
+        warmup_mounts,
+        [
+            (lib.as_str(), lib.as_str(), true),
+            (format!("{hook}/vgpu").as_str(), warmup_dir.as_str(), false),
+            ("/tmp/vgpulock", "/tmp/vgpulock", false),
+            ("/etc/ld.so.preload", list.as_str(), true),
+            (preload.as_str(), preload.as_str(), true),
+            ("/overrideEnv", warmup_file.as_str(), true),
         ]
     );
     assert_eq!(

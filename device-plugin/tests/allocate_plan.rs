@@ -76,6 +76,20 @@ fn m(container: &str, host: &str, ro: bool) -> PlannedMount {
     }
 }
 
+/// Whether the plan mounts the preload pair (`/etc/ld.so.preload` and the preload library it
+/// names): `Some(true)` both, `Some(false)` neither, `None` one without the other.
+fn preload_pair(p: &AllocationPlan) -> Option<bool> {
+    let list = p
+        .mounts
+        .iter()
+        .any(|m| m.container_path == "/etc/ld.so.preload");
+    let lib = p
+        .mounts
+        .iter()
+        .any(|m| m.container_path.ends_with("/vgpu/libhami_preload.so"));
+    (list == lib).then_some(list)
+}
+
 fn assert_file_clean(text: &str) {
     let parsed = hami_shared::limits_file::parse(text);
     assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
@@ -124,6 +138,11 @@ fn single_device_file_mode_is_exact() {
             m("/usr/local/vgpu", &dir, false),
             m("/tmp/vgpulock", "/tmp/vgpulock", false),
             m("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", true),
+            m(
+                "/usr/local/vgpu/libhami_preload.so",
+                "/usr/local/vgpu/libhami_preload.so",
+                true
+            ),
             m("/overrideEnv", &file, true),
         ]
     );
@@ -135,9 +154,9 @@ fn single_device_file_mode_is_exact() {
     assert!(p.warnings.is_empty());
     let response = p.response();
     assert_eq!(response.envs.len(), 4);
-    assert_eq!(response.mounts.len(), 5);
-    assert_eq!(response.mounts[4].container_path, "/overrideEnv");
-    assert!(response.mounts[4].read_only);
+    assert_eq!(response.mounts.len(), 6);
+    assert_eq!(response.mounts[5].container_path, "/overrideEnv");
+    assert!(response.mounts[5].read_only);
 }
 
 #[test]
@@ -251,7 +270,8 @@ fn env_mode_has_the_same_variables_and_no_file() {
             .iter()
             .all(|m| m.container_path != "/overrideEnv")
     );
-    assert_eq!(env.mounts.len(), 4);
+    assert_eq!(env.mounts.len(), 5);
+    assert_eq!(preload_pair(&env), Some(true));
     assert!(
         env.container_dir.is_some(),
         "the shared-region directory stays"
@@ -334,11 +354,11 @@ fn cuda_disable_control_drops_the_preload_mount_like_go_parse_bool() {
             &[dev("GPU-a", 1000, 0)],
             &AllocationSettings::default(),
         );
-        let has = p
-            .mounts
-            .iter()
-            .any(|m| m.container_path == "/etc/ld.so.preload");
-        assert_eq!(has, preload, "CUDA_DISABLE_CONTROL={value:?}");
+        assert_eq!(
+            preload_pair(&p),
+            Some(preload),
+            "CUDA_DISABLE_CONTROL={value:?}"
+        );
         // The limits file is still written: only the preload is the container's choice.
         assert!(p.limits_file.is_some());
     }
@@ -350,11 +370,7 @@ fn cuda_disable_control_drops_the_preload_mount_like_go_parse_bool() {
         &[dev("GPU-a", 1000, 0)],
         &AllocationSettings::default(),
     );
-    assert!(
-        p.mounts
-            .iter()
-            .any(|m| m.container_path == "/etc/ld.so.preload")
-    );
+    assert_eq!(preload_pair(&p), Some(true));
 }
 
 #[test]
@@ -464,6 +480,7 @@ fn static_mig_passes_through() {
         )])
     );
     assert!(p.mounts.is_empty());
+    assert_eq!(preload_pair(&p), Some(false));
     assert!(p.limits_file.is_none());
     assert!(p.container_dir.is_none());
 }
@@ -601,5 +618,152 @@ fn hook_path_and_versioned_library() {
     assert_eq!(
         p.limits_file.as_ref().unwrap().path(),
         Path::new(&format!("/opt/hami/vgpu/containers/{UID}_main.limits"))
+    );
+}
+
+#[test]
+fn preload_list_and_preload_library_are_mounted_together_or_not_at_all() {
+    let hook = AllocationSettings {
+        hook_path: "/opt/hami".into(),
+        ..AllocationSettings::default()
+    };
+    let env_mode = AllocationSettings {
+        global_delivery: Some(LimitDelivery::Env),
+        ..AllocationSettings::default()
+    };
+    let gpu = [dev("GPU-a", 1000, 10)];
+    let mig = [dev("MIG-4f5e6d7c-1111-2222-3333-444455556666", 1000, 0)];
+    let disabled = json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]);
+    let enabled = json!([{"name": "CUDA_DISABLE_CONTROL", "value": "false"}]);
+    for (what, settings, devices, env, expected) in [
+        (
+            "normal",
+            &AllocationSettings::default(),
+            &gpu,
+            json!([]),
+            true,
+        ),
+        ("env mode", &env_mode, &gpu, json!([]), true),
+        ("hook path", &hook, &gpu, json!([]), true),
+        (
+            "control false",
+            &AllocationSettings::default(),
+            &gpu,
+            enabled,
+            true,
+        ),
+        (
+            "control disabled",
+            &AllocationSettings::default(),
+            &gpu,
+            disabled.clone(),
+            false,
+        ),
+        (
+            "control disabled, env mode",
+            &env_mode,
+            &gpu,
+            disabled.clone(),
+            false,
+        ),
+        (
+            "MIG",
+            &AllocationSettings::default(),
+            &mig,
+            json!([]),
+            false,
+        ),
+        (
+            "MIG, control disabled",
+            &AllocationSettings::default(),
+            &mig,
+            disabled,
+            false,
+        ),
+    ] {
+        let p = plan(&one(env), devices, settings);
+        assert_eq!(preload_pair(&p), Some(expected), "{what}: {:?}", p.mounts);
+        if !expected {
+            continue;
+        }
+        // Exact pair: both read-only, the library at the same path on both sides, under the
+        // configured hook path (the path ld.so.preload names).
+        let vgpu = settings.vgpu_dir().display().to_string();
+        let list = p
+            .mounts
+            .iter()
+            .position(|x| x.container_path == "/etc/ld.so.preload")
+            .unwrap();
+        assert_eq!(
+            p.mounts[list..list + 2],
+            [
+                m("/etc/ld.so.preload", &format!("{vgpu}/ld.so.preload"), true),
+                m(
+                    &format!("{vgpu}/libhami_preload.so"),
+                    &format!("{vgpu}/libhami_preload.so"),
+                    true
+                ),
+            ],
+            "{what}"
+        );
+        // The response kubelet gets carries the same pair.
+        let response = p.response();
+        let paths: Vec<&str> = response
+            .mounts
+            .iter()
+            .map(|x| x.container_path.as_str())
+            .collect();
+        assert!(paths.contains(&"/etc/ld.so.preload"), "{what}");
+        assert!(
+            paths.contains(&format!("{vgpu}/libhami_preload.so").as_str()),
+            "{what}"
+        );
+    }
+    assert_eq!(
+        hami_device_plugin::allocation::plan::preload_mounts(Path::new("/x/vgpu")),
+        [
+            m("/etc/ld.so.preload", "/x/vgpu/ld.so.preload", true),
+            m(
+                "/x/vgpu/libhami_preload.so",
+                "/x/vgpu/libhami_preload.so",
+                true
+            ),
+        ]
+    );
+}
+
+#[test]
+fn plan_pod_mounts_the_preload_pair_per_container() {
+    let p = pod(
+        &[("warmup", json!([]))],
+        &[
+            ("main", json!([])),
+            (
+                "nocontrol",
+                json!([{"name": "CUDA_DISABLE_CONTROL", "value": "1"}]),
+            ),
+            ("mig", json!([])),
+        ],
+        json!({"hami.io/vgpu-devices-to-allocate": PodDevices::from_containers(&[
+            vec![dev("GPU-a", 1000, 10)],
+            vec![dev("GPU-a", 1000, 10)],
+            vec![dev("GPU-b", 1000, 10)],
+            vec![dev("MIG-4f5e6d7c-1111-2222-3333-444455556666", 1000, 0)],
+        ])
+        .encode()}),
+    );
+    let plans = plan_pod(&p, &AllocationSettings::default(), Path::new(LIB)).unwrap();
+    let got: Vec<(&str, Option<bool>)> = plans
+        .iter()
+        .map(|p| (p.container.as_str(), preload_pair(p)))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("warmup", Some(true)),
+            ("main", Some(true)),
+            ("nocontrol", Some(false)),
+            ("mig", Some(false)),
+        ]
     );
 }

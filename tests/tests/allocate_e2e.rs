@@ -104,6 +104,7 @@ async fn file_mode_end_to_end() {
     let lib = format!("{hook}/vgpu/libvgpu.so");
     let vgpu = format!("{hook}/vgpu");
     let preload = format!("{hook}/vgpu/ld.so.preload");
+    let preload_lib = format!("{hook}/vgpu/libhami_preload.so");
     let dir_s = dir.display().to_string();
     let file_s = file.display().to_string();
     assert_eq!(
@@ -113,6 +114,7 @@ async fn file_mode_end_to_end() {
             (vgpu.as_str(), dir_s.as_str(), false),
             ("/tmp/vgpulock", "/tmp/vgpulock", false),
             ("/etc/ld.so.preload", preload.as_str(), true),
+            (preload_lib.as_str(), preload_lib.as_str(), true),
             ("/overrideEnv", file_s.as_str(), true),
         ]
     );
@@ -183,7 +185,8 @@ async fn env_mode_injects_variables_without_file_or_mount() {
             .iter()
             .all(|m| m.container_path != "/overrideEnv")
     );
-    assert_eq!(response.mounts.len(), 4);
+    // libvgpu.so, the shared-region directory, the lock, ld.so.preload and its preload library.
+    assert_eq!(response.mounts.len(), 5);
     // Only the shared-region directory; no limits file.
     assert_eq!(names(&h.containers_dir()), [format!("{}_main", uid(&pod))]);
     let pod = h.pod("envpod").await;

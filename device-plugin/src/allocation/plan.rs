@@ -12,8 +12,8 @@ use hami_shared::names::{
     ENV_CUDA_DEVICE_SM_LIMIT, ENV_CUDA_DISABLE_CONTROL, ENV_CUDA_OVERSUBSCRIBE,
     ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_LIBCUDA_LOG_LEVEL,
     ENV_LIBVGPU_HOSTPID_BROKER, ENV_NVIDIA_VISIBLE_DEVICES, LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH,
-    LIBVGPU_SO, OVERRIDE_ENV_PATH, USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH, container_dir_name,
-    limits_file_name, memory_limit_env,
+    LIBHAMI_PRELOAD_SO, LIBVGPU_SO, OVERRIDE_ENV_PATH, USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH,
+    container_dir_name, limits_file_name, memory_limit_env,
 };
 use hami_shared::values::{
     DeliverySource, LimitDelivery, MemoryLimitMib, SmLimit, TaskPriority, resolve_limit_delivery,
@@ -311,11 +311,31 @@ fn mount(container_path: impl Into<String>, host_path: &Path, read_only: bool) -
     }
 }
 
+/// The preload pair, always mounted together (never one without the other): `/etc/ld.so.preload`
+/// ← `<hook>/vgpu/ld.so.preload`, which names `<hook>/vgpu/libhami_preload.so` first (it loads
+/// `/overrideEnv` into the environment before `main`) and `<hook>/vgpu/libvgpu.so` second; and
+/// that preload library itself, bound file by file at the same path because the container sees
+/// `<hook>/vgpu` as its per-container directory (as for `libvgpu.so`). Both read-only. A
+/// container whose `/etc/ld.so.preload` named a library it does not have would get a loader
+/// error in every process; one with the library but no list would never load it.
+pub fn preload_mounts(vgpu_dir: &Path) -> [PlannedMount; 2] {
+    let library = vgpu_dir.join(LIBHAMI_PRELOAD_SO);
+    [
+        mount(LD_SO_PRELOAD_PATH, &vgpu_dir.join(LD_SO_PRELOAD_FILE), true),
+        mount(library.display().to_string(), &library, true),
+    ]
+}
+
 /// Plans the container of entry `entry` with `devices` (the entry's NVIDIA devices).
 ///
 /// `requested` is the number of device IDs kubelet asked for (checked against the scheduler's
 /// assignment; `None` in the dry run). `libvgpu_host` is the host file mounted as `libvgpu.so`
 /// ([`AllocationSettings::libvgpu_host_path`]).
+///
+/// Mounts, in order: `<hook>/vgpu/libvgpu.so` (RO), `<hook>/vgpu` ← the per-container directory
+/// (RW), `/tmp/vgpulock` (RW), the preload pair ([`preload_mounts`]: `/etc/ld.so.preload` and
+/// `<hook>/vgpu/libhami_preload.so`, RO) unless the container's literal env sets
+/// `CUDA_DISABLE_CONTROL` true, and in `file` mode `/overrideEnv` (RO). Static MIG: none.
 pub fn plan_container(
     pod: &Pod,
     entry: usize,
@@ -500,11 +520,7 @@ pub fn plan_container(
     let control_disabled =
         literal_env(container, ENV_CUDA_DISABLE_CONTROL).is_some_and(go_parse_bool_true);
     if !control_disabled {
-        mounts.push(mount(
-            LD_SO_PRELOAD_PATH,
-            &vgpu_dir.join(LD_SO_PRELOAD_FILE),
-            true,
-        ));
+        mounts.extend(preload_mounts(&vgpu_dir));
     }
     let limits_file = match resolved.delivery {
         LimitDelivery::Env => None,
