@@ -1,4 +1,4 @@
-//! The command line (`run`, `inventory`) and what the binary does with it; `main.rs` only parses,
+//! The command line (`run`, `inventory`, `plan`, `install-hook`) and what the binary does with it; `main.rs` only parses,
 //! installs logging and signal handling, and calls [`run`] or [`inventory_report`].
 
 use std::path::PathBuf;
@@ -87,6 +87,43 @@ pub enum Command {
     /// entries (delivery mode and source, envs, mounts, limits-file text); `--write` also
     /// publishes the files.
     Plan(crate::allocation::dry_run::PlanArgs),
+    /// Install HAMi-core and the preload library into HOOK/vgpu, with a generated ld.so.preload.
+    ///
+    /// Run it on the host's hook path before `run` (the DaemonSet's init container).
+    ///
+    /// Installs, in this order, each as mode 0644:
+    ///
+    ///   HOOK/vgpu/libvgpu.so          HAMi-core, from --hami-core-dir DIR: DIR must hold exactly
+    ///                                 one of libvgpu.so or libvgpu.so.<version> (HAMi images since
+    ///                                 v2.5 carry only libvgpu.so.<version>, e.g. libvgpu.so.v2.10.0);
+    ///                                 none, both, or two versions is an error listing what DIR
+    ///                                 holds. Symbolic links to a regular file are followed (two
+    ///                                 names of one file count once); a directory is an error.
+    ///   HOOK/vgpu/libhami_preload.so  the preload library --preload FILE (it loads /overrideEnv
+    ///                                 into the environment before main).
+    ///   HOOK/vgpu/ld.so.preload       generated, never copied (an image's copy hard-codes
+    ///                                 /usr/local/vgpu, HAMi#2017); exactly two lines:
+    ///                                   HOOK/vgpu/libhami_preload.so
+    ///                                   HOOK/vgpu/libvgpu.so
+    ///
+    /// HOOK (--hook-path, HOOK_PATH, default /usr/local) must be absolute, without whitespace,
+    /// ':' or '..'; a trailing slash is dropped. HOOK/vgpu and HOOK/vgpu/containers are created
+    /// (0755) when missing.
+    ///
+    /// Both libraries are checked before anything is written: regular (after symbolic links),
+    /// readable, non-empty, starting with the ELF magic \x7fELF. Each file is written to a
+    /// temporary file beside it (.<name>.hami-tmp.<pid>...), fsync'd, renamed over the final name
+    /// and the directory fsync'd, so a library running processes map is never overwritten in
+    /// place. The libraries go first and ld.so.preload last: after any failure ld.so.preload is
+    /// the previous complete one or absent, never naming a missing library. Leftover temporary
+    /// files of an interrupted run are removed before installing. A file that already has the
+    /// same bytes and mode is not rewritten ("unchanged"), so running it twice changes nothing.
+    ///
+    /// Prints one line per file: `installed PATH (...)` or `unchanged PATH (...)`. Exit status: 0
+    /// on success, 2 for an invalid --hook-path, 1 for any other failure (the message names the
+    /// path).
+    #[command(verbatim_doc_comment)]
+    InstallHook(crate::install_hook::InstallHookArgs),
 }
 
 /// Where the GPUs and the settings come from (shared by both sub-commands).
@@ -215,6 +252,9 @@ pub enum CliError {
     /// `plan` failed.
     #[error(transparent)]
     Plan(#[from] crate::allocation::dry_run::DryRunError),
+    /// `install-hook` failed.
+    #[error(transparent)]
+    InstallHook(#[from] crate::install_hook::InstallHookError),
 }
 
 impl CliError {
@@ -227,6 +267,7 @@ impl CliError {
             | Self::Allocation(_)
             | Self::MetricsListen(_)
             | Self::Plan(crate::allocation::dry_run::DryRunError::Config(_)) => 2,
+            Self::InstallHook(e) => e.exit_code(),
             _ => 1,
         }
     }

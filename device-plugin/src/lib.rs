@@ -12,12 +12,14 @@
 //! - [`settings`] / [`cli`]: configuration and the command line;
 //! - [`metrics`]: Prometheus metrics, readiness, `/healthz` `/readyz` `/metrics`;
 //! - [`allocation`]: `Allocate` for HAMi-core (pod locator, device codec, plan, limits file,
-//!   collector of dead pods' files, the `plan` dry run).
+//!   collector of dead pods' files, the `plan` dry run);
+//! - [`install_hook`]: `install-hook`, HAMi-core and the preload library into the hook path.
 
 pub mod allocation;
 pub mod api;
 pub mod cli;
 pub mod devices;
+pub mod install_hook;
 pub mod inventory;
 pub mod metrics;
 pub mod node_register;

@@ -63,6 +63,22 @@ fn main() -> ExitCode {
                     Ok(text) => println!("{text}"),
                     Err(error) => eprintln!("hami-device-plugin: {error}"),
                 }),
+            Command::InstallHook(args) => hami_device_plugin::install_hook::install_hook(&args)
+                .map_err(CliError::from)
+                .map(|report| {
+                    if report.removed_temporaries > 0 {
+                        tracing::info!(
+                            count = report.removed_temporaries,
+                            "removed leftover temporary files of an earlier run"
+                        );
+                    }
+                    for dir in &report.created_dirs {
+                        tracing::info!(dir = %dir.display(), "created directory");
+                    }
+                    for file in &report.files {
+                        println!("{file}");
+                    }
+                }),
         }
     });
     match result {
