@@ -1,0 +1,62 @@
+// GPU probe for tests/gpu/run.sh: asks for MIB of device memory through the CUDA runtime API or the
+// driver API and prints one line:
+//   granted|refused total=<MiB> free=<MiB> err=<error name>
+// where total and free are what the process sees before the allocation (HAMi-core reports its
+// cap as the total). Exit 0 whatever the answer; 2 when CUDA cannot start at all.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int runtime_api(size_t bytes) {
+  cudaError_t e = cudaSetDevice(0);
+  if (e == cudaSuccess) e = cudaFree(0);  // creates the context
+  if (e != cudaSuccess) {
+    printf("error init=%s\n", cudaGetErrorName(e));
+    return 2;
+  }
+  size_t free_b = 0, total_b = 0;
+  cudaMemGetInfo(&free_b, &total_b);
+  void *p = NULL;
+  e = cudaMalloc(&p, bytes);
+  printf("%s total=%zu free=%zu err=%s\n", e == cudaSuccess ? "granted" : "refused",
+         total_b >> 20, free_b >> 20, cudaGetErrorName(e));
+  if (e == cudaSuccess) cudaFree(p);
+  return 0;
+}
+
+static int driver_api(size_t bytes) {
+  CUdevice dev;
+  CUcontext ctx;
+  CUresult r = cuInit(0);
+  if (r == CUDA_SUCCESS) r = cuDeviceGet(&dev, 0);
+  if (r == CUDA_SUCCESS) r = cuDevicePrimaryCtxRetain(&ctx, dev);
+  if (r == CUDA_SUCCESS) r = cuCtxSetCurrent(ctx);
+  if (r != CUDA_SUCCESS) {
+    const char *name = "?";
+    cuGetErrorName(r, &name);
+    printf("error init=%s\n", name);
+    return 2;
+  }
+  size_t free_b = 0, total_b = 0;
+  cuMemGetInfo(&free_b, &total_b);
+  CUdeviceptr p = 0;
+  r = cuMemAlloc(&p, bytes);
+  const char *name = "?";
+  cuGetErrorName(r, &name);
+  printf("%s total=%zu free=%zu err=%s\n", r == CUDA_SUCCESS ? "granted" : "refused",
+         total_b >> 20, free_b >> 20, name);
+  if (r == CUDA_SUCCESS) cuMemFree(p);
+  cuDevicePrimaryCtxRelease(dev);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 3 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "driver"))) {
+    fprintf(stderr, "usage: %s runtime|driver MIB\n", argv[0]);
+    return 64;
+  }
+  size_t bytes = (size_t)strtoull(argv[2], NULL, 10) << 20;
+  return strcmp(argv[1], "runtime") == 0 ? runtime_api(bytes) : driver_api(bytes);
+}
