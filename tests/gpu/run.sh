@@ -74,7 +74,7 @@ if [ -z "$hami_lib" ]; then
     || { tail -n 30 "$work/cmake.log" "$work/make.log" >&2; die "HAMi-core build failed"; }
   hami_lib=$(find "$work/hami-build" -name libvgpu.so -type f | head -n 1)
   [ -n "$hami_lib" ] || die "the HAMi-core build produced no libvgpu.so"
-  hami_rev=$(git -C "$hami_src" rev-parse --short HEAD 2>/dev/null || echo unknown)
+  hami_rev=$(git -C "$hami_src" rev-parse --short HEAD 2>/dev/null || cat "$hami_src/REVISION" 2>/dev/null || echo unknown)
 else
   hami_rev="prebuilt $(basename "$hami_lib")"
 fi
@@ -148,9 +148,34 @@ for p in /overrideEnv /etc/ld.so.preload; do
 done
 
 # --- the cases -------------------------------------------------------------------------------
+# with_files FILE LIST CMD...: run CMD with FILE bind-mounted at /overrideEnv and LIST at
+# /etc/ld.so.preload ("-": none), in a private mount namespace where unshare works, else with
+# global bind mounts undone right after (the machine's other processes then see them meanwhile).
+if unshare --mount -- true 2>/dev/null; then use_ns=1; else use_ns=0; echo "(no mount namespaces here: global bind mounts, undone after each case)"; fi
+with_files() {
+  local file=$1 list=$2; shift 2
+  if [ $use_ns = 1 ]; then
+    unshare --mount -- /bin/sh -c '
+      mount --bind "$1" /overrideEnv || exit 97
+      mount -o remount,bind,ro /overrideEnv 2>/dev/null || true
+      if [ "$2" != - ]; then
+        mount --bind "$2" /etc/ld.so.preload || exit 97
+        mount -o remount,bind,ro /etc/ld.so.preload 2>/dev/null || true
+      fi
+      shift 2
+      exec "$@"' sh "$file" "$list" "$@"
+  else
+    local rc=0
+    mount --bind "$file" /overrideEnv || return 97
+    if [ "$list" != - ]; then mount --bind "$list" /etc/ld.so.preload || { umount /overrideEnv; return 97; }; fi
+    "$@" || rc=$?
+    [ "$list" = - ] || umount /etc/ld.so.preload
+    umount /overrideEnv
+    return $rc
+  fi
+}
 # run_case NAME FILE LIST VIA EXPECT API MIB [VAR=VALUE...]
-#   FILE: bind-mounted at /overrideEnv (read-only); LIST: at /etc/ld.so.preload, or "-" for none;
-#   VIA: ld.so.preload | LD_PRELOAD (the list's libraries in LD_PRELOAD instead).
+#   VIA: ld.so.preload (LIST at /etc/ld.so.preload) | LD_PRELOAD (LIST's libraries in LD_PRELOAD).
 rows=()
 failures=0
 run_case() {
@@ -158,13 +183,8 @@ run_case() {
   local vars=("$@") extra=()
   if [ "$via" = LD_PRELOAD ]; then extra=("LD_PRELOAD=$(paste -sd: "$list")"); list=-; fi
   rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
-  local out
-  out=$(unshare --mount -- /bin/sh -c '
-      set -e
-      mount --bind "$1" /overrideEnv && mount -o remount,bind,ro /overrideEnv
-      if [ "$2" != - ]; then mount --bind "$2" /etc/ld.so.preload && mount -o remount,bind,ro /etc/ld.so.preload; fi
-      shift 2
-      exec env -i "$@"' sh "$file" "$list" "${extra[@]}" "${vars[@]}" "$work/probe" "$api" "$mib" 2>&1 | tail -n 1)
+  with_files "$file" "$list" env -i "${extra[@]}" "${vars[@]}" "$work/probe" "$api" "$mib" > "$work/case.out" 2>&1 || true
+  local out; out=$(tail -n 1 "$work/case.out")
   local got=${out%% *} total
   total=$(sed -n 's/.* total=\([0-9]*\).*/\1/p' <<<"$out")
   local verdict=ok
@@ -199,13 +219,14 @@ largest=0 lo=1 hi=3000
 while [ $lo -le $hi ]; do
   mid=$(( (lo + hi) / 2 ))
   rm -f "$vgpu/usage.cache"
-  r=$(unshare --mount -- /bin/sh -c 'mount --bind "$1" /overrideEnv; mount --bind "$2" /etc/ld.so.preload; exec env -i "$3" runtime "$4"' \
-        sh "$hami_file" "$full" "$work/probe" "$mid" 2>&1 | tail -n 1)
+  with_files "$hami_file" "$full" env -i "$work/probe" runtime "$mid" > "$work/case.out" 2>&1 || true
+  r=$(tail -n 1 "$work/case.out")
   if [ "${r%% *}" = granted ]; then largest=$mid; lo=$((mid + 1)); else hi=$((mid - 1)); fi
 done
 rm -f "$vgpu/usage.cache"
-smi=$(unshare --mount -- /bin/sh -c 'mount --bind "$1" /overrideEnv; mount --bind "$2" /etc/ld.so.preload; exec env -i nvidia-smi --query-gpu=memory.total --format=csv,noheader -i 0' \
-        sh "$hami_file" "$full" 2>&1 | tail -n 1)
+smi_bin=$(command -v nvidia-smi)
+with_files "$hami_file" "$full" env -i "$smi_bin" --query-gpu=memory.total --format=csv,noheader -i 0 > "$work/case.out" 2>&1 || true
+smi=$(tail -n 1 "$work/case.out")
 rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
 
 {
