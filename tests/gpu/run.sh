@@ -230,7 +230,7 @@ smi=$(tail -n 1 "$work/case.out")
 rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
 
 {
-  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified, Debug); hami-limits $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified, Debug); hami-limits $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo
   echo "Every process started with \`env -i\`; the limits file read-only at /overrideEnv; \"alone\" = /etc/ld.so.preload lists only libvgpu.so (no preload library)."
   echo
