@@ -36,6 +36,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 die() { echo "run.sh: $*" >&2; exit 2; }
+abs() { case "$1" in /*) printf '%s' "$1";; *) printf '%s/%s' "$PWD" "$1";; esac; }
+[ -z "$bin" ] || bin=$(abs "$bin")
+[ -z "$hami_src" ] || hami_src=$(abs "$hami_src")
+[ -z "$hami_lib" ] || hami_lib=$(abs "$hami_lib")
+[ -z "$hook" ] || hook=$(abs "$hook")
 [ "$(id -u)" = 0 ] || die "needs root (mount namespaces, bind mounts)"
 [ -n "$bin" ] || die "--bin DIR is required"
 for f in hami-device-plugin hami-webhook libhami_preload.so; do
