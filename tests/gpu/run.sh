@@ -14,6 +14,7 @@
 #   --hami-core-lib F    an already built libvgpu.so (e.g. copied out of HAMi's image) instead
 #   --hook DIR           scratch hook path (default: a new temporary folder); never /usr/local
 #   --report FILE        also write the result table (Markdown) there
+#   HAMI_LIMITS_REV=...  the hami-limits revision to name in the report (default: git HEAD)
 #
 # Needs root, nvidia-smi, nvcc (for the probe), cmake (for --hami-core-src), unshare and mount.
 # Nothing global is left changed: every case runs in a private mount namespace where the files are
@@ -31,7 +32,7 @@ while [ $# -gt 0 ]; do
     --hami-core-lib) hami_lib=$2; shift 2;;
     --hook) hook=$2; shift 2;;
     --report) report=$2; shift 2;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 64;;
   esac
 done
@@ -79,7 +80,8 @@ if [ -z "$hami_lib" ]; then
     || { tail -n 30 "$work/cmake.log" "$work/make.log" >&2; die "HAMi-core build failed"; }
   hami_lib=$(find "$work/hami-build" -name libvgpu.so -type f | head -n 1)
   [ -n "$hami_lib" ] || die "the HAMi-core build produced no libvgpu.so"
-  hami_rev=$(git -C "$hami_src" rev-parse --short HEAD 2>/dev/null || cat "$hami_src/REVISION" 2>/dev/null || echo unknown)
+  if [ -d "$hami_src/.git" ]; then hami_rev=$(git -C "$hami_src" rev-parse --short HEAD)
+  else hami_rev=$(cat "$hami_src/REVISION" 2>/dev/null || echo unknown); fi
 else
   hami_rev="prebuilt $(basename "$hami_lib")"
 fi
@@ -230,12 +232,12 @@ while [ $lo -le $hi ]; do
 done
 rm -f "$vgpu/usage.cache"
 smi_bin=$(command -v nvidia-smi)
-with_files "$hami_file" "$full" env -i "$smi_bin" --query-gpu=memory.total --format=csv,noheader -i 0 > "$work/case.out" 2>&1 || true
-smi=$(tail -n 1 "$work/case.out")
+with_files "$hami_file" "$full" env -i "$smi_bin" --query-gpu=memory.used,memory.total --format=csv,noheader -i 0 > "$work/case.out" 2>/dev/null || true
+smi=$(grep MiB "$work/case.out" | tail -n 1)
 rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
 
 {
-  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified, Debug); hami-limits $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified, Debug); hami-limits ${HAMI_LIMITS_REV:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo
   echo "Every process started with \`env -i\`; the limits file read-only at /overrideEnv; \"alone\" = /etc/ld.so.preload lists only libvgpu.so (no preload library)."
   echo
@@ -244,7 +246,7 @@ rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
   printf '%s\n' "${rows[@]}"
   echo
   echo "Largest single cudaMalloc under the HAMi file's 3000 MiB cap: $largest MiB (HAMi-core counts the CUDA context against the cap)."
-  echo "nvidia-smi under the same file: memory.total = $smi."
+  echo "nvidia-smi under the same file (memory.used, memory.total): $smi."
 } > "$work/report.md"
 echo; cat "$work/report.md"
 [ -z "$report" ] || cp "$work/report.md" "$report"
