@@ -29,6 +29,7 @@
 pub mod config;
 pub mod hami_core;
 pub mod limits_file;
+pub mod manifest;
 pub mod names;
 pub mod preload;
 pub mod publish;

@@ -52,13 +52,15 @@ pub fn mutate_command(input: &[u8], output: MutateOutput, settings: &Settings) -
         code: 2,
     };
     // YAML is a superset of JSON, so one parser reads both.
-    let object: Value = match serde_yaml_ng::from_slice(input) {
+    let mut object: Value = match serde_yaml_ng::from_slice(input) {
         Ok(v) => v,
         Err(e) => return fail(format!("input is not YAML or JSON: {e}")),
     };
     if object.get("kind").and_then(Value::as_str) != Some("Pod") {
         return fail("input is not a Pod (kind: Pod)".to_owned());
     }
+    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it.
+    hami_shared::manifest::quantities_as_strings(&mut object);
     let bytes = match serde_json::to_vec(&object) {
         Ok(b) => b,
         Err(e) => return fail(e.to_string()),

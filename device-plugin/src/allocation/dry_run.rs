@@ -81,7 +81,14 @@ pub fn read_pod(path: &Path) -> Result<Pod, DryRunError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })?;
-    serde_yaml_ng::from_str(&text).map_err(|e| DryRunError::Pod {
+    let mut object: serde_json::Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| DryRunError::Pod {
+            path: path.to_path_buf(),
+            message: format!("not YAML or JSON: {e}"),
+        })?;
+    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it.
+    hami_shared::manifest::quantities_as_strings(&mut object);
+    serde_json::from_value(object).map_err(|e| DryRunError::Pod {
         path: path.to_path_buf(),
         message: format!("not a Pod: {e}"),
     })
