@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod container;
 pub mod hami_core;
 pub mod limits_file;
 pub mod manifest;

@@ -1,0 +1,265 @@
+//! The operations layer of both servers (`hami-webhook`, `hami-device-plugin`): what an operator
+//! and kubelet expect of any long-running program, written once.
+//!
+//! - [`Readiness`]: named conditions (and live probes); `/readyz` is 200 when all hold.
+//! - [`router`]: `GET /healthz`, `GET /readyz`, `GET /metrics` on a plain-HTTP port.
+//! - [`LogFormat`] and [`log_subscriber`]: structured logs to stderr, text or JSON with the fields
+//!   at the top level, level from `RUST_LOG` (default `info`).
+//! - [`shutdown_signal`]: SIGTERM/SIGINT handlers installed **at once** (a signal during start-up
+//!   must not kill the process with its socket left behind), and a future for the first of them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::routing::get;
+
+type Probe = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Named readiness conditions; `/readyz` is 200 when every condition and every probe holds.
+#[derive(Clone)]
+pub struct Readiness {
+    conditions: Arc<Vec<(&'static str, AtomicBool)>>,
+    probes: Arc<Vec<(&'static str, Probe)>>,
+}
+
+impl std::fmt::Debug for Readiness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Readiness")
+            .field("pending", &self.pending())
+            .finish()
+    }
+}
+
+impl Readiness {
+    /// Conditions, all initially false.
+    #[must_use]
+    pub fn new(names: &[&'static str]) -> Self {
+        Self {
+            conditions: Arc::new(names.iter().map(|n| (*n, AtomicBool::new(false))).collect()),
+            probes: Arc::new(Vec::new()),
+        }
+    }
+
+    /// Add a live probe, evaluated on every `/readyz` (e.g. "the plugin socket exists").
+    #[must_use]
+    pub fn with_probe(
+        mut self,
+        name: &'static str,
+        probe: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Self {
+        let mut probes: Vec<(&'static str, Probe)> = self.probes.iter().cloned().collect();
+        probes.push((name, Arc::new(probe)));
+        self.probes = Arc::new(probes);
+        self
+    }
+
+    /// Mark `name` as holding or not. Unknown names are ignored.
+    pub fn set(&self, name: &str, ready: bool) {
+        if let Some((_, flag)) = self.conditions.iter().find(|(n, _)| *n == name) {
+            flag.store(ready, Ordering::Release);
+        }
+    }
+
+    /// The names of the conditions and probes that do not hold; empty when ready.
+    #[must_use]
+    pub fn pending(&self) -> Vec<&'static str> {
+        self.conditions
+            .iter()
+            .filter(|(_, f)| !f.load(Ordering::Acquire))
+            .map(|(n, _)| *n)
+            .chain(self.probes.iter().filter(|(_, p)| !p()).map(|(n, _)| *n))
+            .collect()
+    }
+
+    /// Whether everything holds.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        self.pending().is_empty()
+    }
+}
+
+/// Renders the metrics exposition (OpenMetrics text, as `prometheus-client` encodes it).
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The OpenMetrics content type.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The Prometheus text content type.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// `/healthz` (always `ok`: the process serves), `/readyz` (200 or 503 naming what is pending),
+/// `/metrics` (OpenMetrics when the scraper asks for it in `Accept`, else the Prometheus text
+/// content type: the body is valid in both).
+pub fn router(metrics: MetricsRenderer, readiness: Readiness) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let readiness = readiness.clone();
+                async move {
+                    let pending = readiness.pending();
+                    if pending.is_empty() {
+                        (StatusCode::OK, "ready\n".to_owned())
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("not ready: waiting for {}\n", pending.join(", ")),
+                        )
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move |headers: HeaderMap| {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    let openmetrics = headers
+                        .get(header::ACCEPT)
+                        .and_then(|v| v.to_str().ok())
+                        .is_some_and(|v| v.contains("application/openmetrics-text"));
+                    let content_type = if openmetrics {
+                        OPENMETRICS
+                    } else {
+                        PROMETHEUS_TEXT
+                    };
+                    (
+                        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+                        metrics(),
+                    )
+                }
+            }),
+        )
+}
+
+/// Serve `router` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line, event fields at the top level (as log pipelines expect).
+    Json,
+}
+
+/// The log subscriber for `format`: level from `RUST_LOG` (default `info`), written to `writer`
+/// (the binaries pass stderr), ANSI colours only when `ansi` and the format is text.
+pub fn log_subscriber<W>(
+    format: LogFormat,
+    writer: W,
+    ansi: bool,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer);
+    match format {
+        LogFormat::Json => Box::new(
+            builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .finish(),
+        ),
+        LogFormat::Text => Box::new(builder.with_ansi(ansi).finish()),
+    }
+}
+
+/// Install the process-wide subscriber for `format` on stderr. Returns an error message when one
+/// is already installed.
+pub fn init_logging(format: LogFormat) -> Result<(), String> {
+    let stderr = std::io::stderr();
+    let ansi = std::io::IsTerminal::is_terminal(&stderr);
+    tracing::subscriber::set_global_default(log_subscriber(format, std::io::stderr, ansi))
+        .map_err(|e| format!("cannot install logging: {e}"))
+}
+
+/// Install the SIGTERM and SIGINT handlers now and return a future that completes on the first
+/// of them. Call it first thing in the async runtime, before binding sockets or connecting to
+/// anything. Needs a Tokio runtime with signals enabled.
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()> + Send + 'static>
+{
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn get(router: &Router, path: &str, accept: Option<&str>) -> (u16, String, String) {
+        let mut req = Request::get(path);
+        if let Some(a) = accept {
+            req = req.header(header::ACCEPT, a);
+        }
+        let resp = router
+            .clone()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, ct, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn probes_and_metrics() {
+        let socket = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&socket);
+        let readiness = Readiness::new(&["certificate"])
+            .with_probe("socket", move || s.load(Ordering::Acquire));
+        let router = router(Arc::new(|| "# EOF\n".to_owned()), readiness.clone());
+        assert_eq!(get(&router, "/healthz", None).await.0, 200);
+        let (code, _, body) = get(&router, "/readyz", None).await;
+        assert_eq!(
+            (code, body.as_str()),
+            (503, "not ready: waiting for certificate, socket\n")
+        );
+        readiness.set("certificate", true);
+        socket.store(true, Ordering::Release);
+        assert_eq!(get(&router, "/readyz", None).await.0, 200);
+        assert!(readiness.is_ready());
+        let (_, ct, body) = get(&router, "/metrics", None).await;
+        assert_eq!((ct.as_str(), body.as_str()), (PROMETHEUS_TEXT, "# EOF\n"));
+        let (_, ct, _) = get(
+            &router,
+            "/metrics",
+            Some("application/openmetrics-text;version=1.0.0"),
+        )
+        .await;
+        assert_eq!(ct, OPENMETRICS);
+    }
+}
