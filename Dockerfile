@@ -37,7 +37,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
         -p hami-webhook --bin hami-webhook \
         -p hami-device-plugin --bin hami-device-plugin \
         -p hami-certgen --bin hami-certgen \
-        -p hami-shared --bin hami-limits \
+        -p hami-limits --bin hami-limits \
  && mkdir -p /out \
  && cp target/release/hami-webhook target/release/hami-device-plugin \
        target/release/hami-certgen target/release/hami-limits /out/

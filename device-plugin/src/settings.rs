@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use hami_shared::config::{
-    ConfigError, DeviceConfig, NodeConfigEntry, NodeConfigFile, NvidiaConfig, OperatingMode,
+    ConfigError, DeviceConfig, NodeConfigEntry, NvidiaConfig, OperatingMode,
 };
 
 use crate::inventory::DeviceFilter;
@@ -100,8 +100,10 @@ impl PluginSettings {
         node_config: Option<&Path>,
         node_name: Option<&str>,
     ) -> Result<Self, SettingsError> {
-        let global = DeviceConfig::load(config)?;
-        let nodes = node_config.map(NodeConfigFile::load).transpose()?;
+        let global = crate::allocation::config::load_device_config(config)?;
+        let nodes = node_config
+            .map(crate::allocation::config::load_node_config)
+            .transpose()?;
         let entry = match (&nodes, node_name) {
             (Some(nodes), Some(name)) => nodes.for_node(name),
             _ => None,

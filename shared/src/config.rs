@@ -62,21 +62,23 @@ pub enum ConfigError {
 // Generic layering
 // ---------------------------------------------------------------------------------------------
 
-/// Load `T` from `file` (YAML, or JSON when the name ends in `.json` or the text starts with
-/// `{`) and the process environment (`<env_prefix>_KEY__SUBKEY`). Defaults come from `T`'s
-/// `#[serde(default)]`. Environment keys arrive lowercased and are matched (ignoring case, `_`
-/// and `-`) against the keys the file holds; to reach camelCase keys the file does not hold, use
-/// [`load_layered_with_schema`], whose defaults list every key.
-pub fn load_layered<T: DeserializeOwned>(
-    file: Option<&Path>,
-    env_prefix: &str,
-) -> Result<T, ConfigError> {
-    Layers::load(file, env_prefix, std::env::vars(), None)?.deserialize()
+/// A configuration file's text and where it came from (for messages and the format: `.json` or
+/// text starting with `{` is JSON, anything else YAML). The programs read the file
+/// ([`ConfigError::Read`] for their errors); this crate does no I/O.
+#[derive(Debug, Clone, Copy)]
+pub struct FileText<'a> {
+    /// The file's path.
+    pub path: &'a Path,
+    /// Its contents.
+    pub text: &'a str,
 }
 
-/// [`load_layered`] with an explicit environment (for tests and dry runs).
+/// Load `T` from `file` and the environment `env` (`<env_prefix>_KEY__SUBKEY`). Defaults come
+/// from `T`'s `#[serde(default)]`. Environment keys arrive lowercased and are matched (ignoring
+/// case, `_` and `-`) against the keys the file holds; to reach camelCase keys the file does not
+/// hold, use [`load_layered_with_schema`], whose defaults list every key.
 pub fn load_layered_from_env<T, I>(
-    file: Option<&Path>,
+    file: Option<FileText<'_>>,
     env_prefix: &str,
     env: I,
 ) -> Result<T, ConfigError>
@@ -91,7 +93,7 @@ where
 /// first layer and tell which spelling each key has, so `HAMI_NVIDIA__LIMIT_DELIVERY` (or
 /// `limitdelivery` in a file) reaches the field `limitDelivery`.
 pub fn load_layered_with_schema<T, I>(
-    file: Option<&Path>,
+    file: Option<FileText<'_>>,
     env_prefix: &str,
     env: I,
 ) -> Result<T, ConfigError>
@@ -255,11 +257,8 @@ fn detect_format(path: &Path, text: &str) -> config::FileFormat {
     }
 }
 
-fn read_file_layer(path: &Path) -> Result<Json, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+fn file_layer(file: FileText<'_>) -> Result<Json, ConfigError> {
+    let FileText { path, text } = file;
     if text.trim().is_empty() {
         return Ok(Json::Object(Map::new()));
     }
@@ -268,7 +267,7 @@ fn read_file_layer(path: &Path) -> Result<Json, ConfigError> {
         message: e.to_string(),
     };
     config::Config::builder()
-        .add_source(config::File::from_str(&text, detect_format(path, &text)))
+        .add_source(config::File::from_str(text, detect_format(path, text)))
         .build()
         .map_err(parse_err)?
         .try_deserialize::<Json>()
@@ -277,7 +276,7 @@ fn read_file_layer(path: &Path) -> Result<Json, ConfigError> {
 
 impl Layers {
     fn load<I>(
-        file: Option<&Path>,
+        file: Option<FileText<'_>>,
         env_prefix: &str,
         env: I,
         schema: Option<Json>,
@@ -287,9 +286,9 @@ impl Layers {
     {
         let schema = schema.unwrap_or_else(|| Json::Object(Map::new()));
         let file = match file {
-            Some(path) => Some((
-                path.to_path_buf(),
-                normalize(read_file_layer(path)?, Some(&schema)),
+            Some(f) => Some((
+                f.path.to_path_buf(),
+                normalize(file_layer(f)?, Some(&schema)),
             )),
             None => None,
         };
@@ -571,13 +570,8 @@ impl NvidiaConfig {
 }
 
 impl DeviceConfig {
-    /// Load from `file` and the process environment (`HAMI_NVIDIA__<KEY>`).
-    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
-        Self::load_from_env(file, std::env::vars())
-    }
-
     /// Load from `file` and the given environment.
-    pub fn load_from_env<I>(file: Option<&Path>, env: I) -> Result<Self, ConfigError>
+    pub fn load_from_env<I>(file: Option<FileText<'_>>, env: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (String, String)>,
     {
@@ -753,8 +747,9 @@ pub struct NodeConfigFile {
 }
 
 impl NodeConfigFile {
-    /// Load `config.json` (JSON or YAML). No environment layer: per-node settings live in the file.
-    pub fn load(file: &Path) -> Result<Self, ConfigError> {
+    /// Parse `config.json` (JSON or YAML). No environment layer: per-node settings live in the
+    /// file.
+    pub fn parse(file: FileText<'_>) -> Result<Self, ConfigError> {
         let layers = Layers::load(
             Some(file),
             names::CONFIG_ENV_PREFIX,

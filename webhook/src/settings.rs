@@ -203,6 +203,21 @@ impl Settings {
     where
         I: IntoIterator<Item = (String, String)>,
     {
+        let text = match file {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
+                SettingsError(
+                    hami_shared::config::ConfigError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                    .to_string(),
+                )
+            })?),
+            None => None,
+        };
+        let file = file
+            .zip(text.as_deref())
+            .map(|(path, text)| hami_shared::config::FileText { path, text });
         hami_shared::config::load_layered_with_schema::<Settings, _>(file, "HAMI", env)
             .map_err(|e| SettingsError(e.to_string()))
     }

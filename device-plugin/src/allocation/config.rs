@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use hami_shared::config::{
-    DeviceConfig, NodeConfigEntry, NodeConfigFile, NvidiaConfig, OperatingMode,
+    DeviceConfig, FileText, NodeConfigEntry, NodeConfigFile, NvidiaConfig, OperatingMode,
 };
 
 use super::plan::AllocationSettings;
@@ -67,6 +67,31 @@ pub fn check_operating_mode(
     Ok(())
 }
 
+/// Reads a configuration file (the contract crate parses text and does no I/O).
+pub fn read_config_file(path: &Path) -> Result<String, hami_shared::config::ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| hami_shared::config::ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The global device config from `config` and the process's `HAMI_NVIDIA__*` variables.
+pub fn load_device_config(
+    config: Option<&Path>,
+) -> Result<DeviceConfig, hami_shared::config::ConfigError> {
+    let text = config.map(read_config_file).transpose()?;
+    let file = config
+        .zip(text.as_deref())
+        .map(|(path, text)| FileText { path, text });
+    DeviceConfig::load_from_env(file, std::env::vars())
+}
+
+/// The per-node config file.
+pub fn load_node_config(path: &Path) -> Result<NodeConfigFile, hami_shared::config::ConfigError> {
+    let text = read_config_file(path)?;
+    NodeConfigFile::parse(FileText { path, text: &text })
+}
+
 /// Loads the allocation settings for `node_name` (defaults for what the files do not set).
 pub fn load_allocation_settings(
     config: Option<&Path>,
@@ -74,10 +99,10 @@ pub fn load_allocation_settings(
     node_name: &str,
     hook_path: &Path,
 ) -> Result<AllocationSettings, ConfigError> {
-    let global = DeviceConfig::load(config)?;
+    let global = load_device_config(config)?;
     let node = match node_config {
         Some(path) => {
-            let node = NodeConfigFile::load(path)?.for_node(node_name);
+            let node = load_node_config(path)?.for_node(node_name);
             check_operating_mode(node.as_ref(), path, node_name)?;
             node
         }
@@ -110,8 +135,16 @@ mod tests {
             "config.json",
             r#"{"nodeconfig":[{"name":"other","limitdelivery":"env"},{"name":"gpu-0","devicememoryscaling":1,"libcudaloglevel":4,"limitDelivery":"file","operatingmode":"hami-core"}]}"#,
         );
-        let global = DeviceConfig::load_from_env(Some(&global), std::iter::empty()).unwrap();
-        let nodes = NodeConfigFile::load(&node).unwrap();
+        let global_text = std::fs::read_to_string(&global).unwrap();
+        let global = DeviceConfig::load_from_env(
+            Some(FileText {
+                path: &global,
+                text: &global_text,
+            }),
+            std::iter::empty(),
+        )
+        .unwrap();
+        let nodes = load_node_config(&node).unwrap();
         let entry = nodes.for_node("gpu-0");
         let s = from_configs(&global.nvidia, entry.as_ref(), Path::new("/opt/h"));
         assert_eq!(s.hook_path, Path::new("/opt/h"));
