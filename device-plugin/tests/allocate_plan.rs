@@ -6,8 +6,10 @@ use std::path::Path;
 
 use hami_device_plugin::allocation::codec::{ContainerDevice, ContainerSlot, PodDevices};
 use hami_device_plugin::allocation::plan::{
-    AllocationPlan, AllocationSettings, PlanError, PlannedMount, plan_container, plan_pod,
+    AllocationPlan, AllocationSettings, AllocationWarning, PlanError, PlannedMount, plan_container,
+    plan_pod,
 };
+use hami_shared::container::PlanWarning;
 use hami_shared::values::{DeliverySource, LimitDelivery};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
@@ -327,11 +329,14 @@ fn each_resolution_source() {
         assert_eq!(plan.limits_file.is_some(), *mode == File, "{case}");
         assert_eq!(!plan.warnings.is_empty(), *warned, "{case}");
         if *warned {
+            let w = &plan.warnings[0];
             assert!(
-                plan.warnings[0].contains("hami.io/limit-delivery"),
-                "{case}"
+                matches!(w, AllocationWarning::InvalidLimitDelivery { .. }),
+                "{case}: {w:?}"
             );
-            assert!(plan.warnings[0].contains("env, file"), "{case}");
+            assert_eq!(w.reason(), "InvalidLimitDelivery", "{case}");
+            assert!(w.to_string().contains("hami.io/limit-delivery"), "{case}");
+            assert!(w.to_string().contains("env, file"), "{case}");
         }
     }
 }
@@ -377,7 +382,7 @@ fn cuda_disable_control_drops_the_preload_mount_like_go_parse_bool() {
 fn memory_scaling_log_level_and_core_limit_switch() {
     let settings = AllocationSettings {
         memory_scaling: 1.5,
-        lib_cuda_log_level: Some("3".into()),
+        lib_cuda_log_level: Some(3),
         disable_core_limit: true,
         ..AllocationSettings::default()
     };
@@ -458,7 +463,9 @@ fn spec_values_the_webhook_set_are_copied_into_the_file_only() {
             .contains("CUDA_TASK_PRIORITY")
     );
     assert!(
-        p.warnings.iter().any(|w| w.contains("CUDA_TASK_PRIORITY")),
+        p.warnings
+            .iter()
+            .any(|w| w.to_string().contains("CUDA_TASK_PRIORITY")),
         "{:?}",
         p.warnings
     );
@@ -766,4 +773,44 @@ fn plan_pod_mounts_the_preload_pair_per_container() {
             ("mig", Some(false)),
         ]
     );
+}
+
+/// Kubernetes gives a container the **last** entry of a duplicated name; the file agrees, and a
+/// value HAMi-core would not read as meant is left out with a typed warning (Event reason
+/// `LimitsFileValueSkipped`), never written.
+#[test]
+fn duplicated_env_entries_last_wins_and_unreadable_values_are_left_out() {
+    let p = plan(
+        &one(json!([
+            {"name": "CUDA_TASK_PRIORITY", "value": "1"},
+            {"name": "CUDA_TASK_PRIORITY", "value": "2"}
+        ])),
+        &[dev("GPU-a", 1000, 25)],
+        &AllocationSettings::default(),
+    );
+    let text = &p.limits_file.as_ref().unwrap().text;
+    assert!(text.contains("CUDA_TASK_PRIORITY=2\n"), "{text}");
+    assert!(!text.contains("CUDA_TASK_PRIORITY=1\n"), "{text}");
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    for bad in [" 1", "01", "abc"] {
+        let p = plan(
+            &one(json!([
+                {"name": "CUDA_TASK_PRIORITY", "value": "1"},
+                {"name": "CUDA_TASK_PRIORITY", "value": bad}
+            ])),
+            &[dev("GPU-a", 1000, 25)],
+            &AllocationSettings::default(),
+        );
+        let text = &p.limits_file.as_ref().unwrap().text;
+        assert!(!text.contains("CUDA_TASK_PRIORITY"), "{bad:?}: {text}");
+        assert_eq!(p.warnings.len(), 1, "{bad:?}: {:?}", p.warnings);
+        match &p.warnings[0] {
+            AllocationWarning::Limits(PlanWarning::NotCopied { key, value, .. }) => {
+                assert_eq!((key.as_str(), value.as_str()), ("CUDA_TASK_PRIORITY", bad));
+            }
+            other => panic!("{bad:?}: {other:?}"),
+        }
+        assert_eq!(p.warnings[0].reason(), "LimitsFileValueSkipped");
+        assert_file_clean(text);
+    }
 }

@@ -17,7 +17,7 @@ use hami_shared::names::LIMITS_FILE_SUFFIX;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::plan::{is_dns1123_label, is_uuid};
+use hami_shared::container::{is_dns1123_label, is_uuid};
 
 /// Collector settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -46,7 +46,7 @@ pub fn from_configs(
         hook_path: hook_path.to_path_buf(),
         memory_scaling: merged.device_memory_scaling,
         disable_core_limit: merged.disable_core_limit,
-        lib_cuda_log_level: merged.lib_cuda_log_level.map(|l| l.to_string()),
+        lib_cuda_log_level: merged.lib_cuda_log_level,
         node_delivery: node.and_then(|n| n.limit_delivery),
         global_delivery: global.limit_delivery,
     }
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(s.hook_path, Path::new("/opt/h"));
         assert_eq!(s.memory_scaling, 1.0);
         assert!(s.disable_core_limit);
-        assert_eq!(s.lib_cuda_log_level.as_deref(), Some("4"));
+        assert_eq!(s.lib_cuda_log_level, Some(4));
         assert_eq!(s.global_delivery, Some(LimitDelivery::Env));
         assert_eq!(s.node_delivery, Some(LimitDelivery::File));
         let s = from_configs(
@@ -159,7 +159,7 @@ mod tests {
             Path::new("/u"),
         );
         assert_eq!(s.memory_scaling, 1.5);
-        assert_eq!(s.lib_cuda_log_level.as_deref(), Some("2"));
+        assert_eq!(s.lib_cuda_log_level, Some(2));
         assert_eq!(s.node_delivery, None);
     }
 

@@ -855,13 +855,9 @@ impl Core {
         for warning in plans.iter().flat_map(|p| p.warnings.iter()) {
             tracing::warn!(pod = %key, "{warning}");
             timing.api_round_trips += 1;
-            // The plan's only warnings: an invalid delivery annotation, or a spec value not copied.
-            let reason = if warning.contains(hami_shared::names::ANNOTATION_LIMIT_DELIVERY) {
-                "InvalidLimitDelivery"
-            } else {
-                "LimitsFileValueSkipped"
-            };
-            self.event(pod, "Warning", reason, warning).await;
+            let reason = warning.reason();
+            self.event(pod, "Warning", reason, &warning.to_string())
+                .await;
         }
         let published = plans.iter().filter(|p| p.limits_file.is_some()).count();
         self.metrics.observe_published(published as u64);

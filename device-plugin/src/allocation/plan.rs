@@ -6,17 +6,17 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use hami_shared::limits_file::{LimitsFile, LimitsFileError};
+use hami_shared::container::{
+    ContainerKey, ContainerKeyError, LimitsBuilder, PlanWarning, SpecEnv, SpecValue, spec_value,
+};
+use hami_shared::limits_file::LimitsFileError;
 use hami_shared::names::{
-    ANNOTATION_LIMIT_DELIVERY, CONTAINERS_DIR, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
-    ENV_CUDA_DEVICE_SM_LIMIT, ENV_CUDA_DISABLE_CONTROL, ENV_CUDA_OVERSUBSCRIBE,
-    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_LIBCUDA_LOG_LEVEL,
-    ENV_LIBVGPU_HOSTPID_BROKER, ENV_NVIDIA_VISIBLE_DEVICES, LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH,
-    LIBHAMI_PRELOAD_SO, LIBVGPU_SO, OVERRIDE_ENV_PATH, USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH,
-    container_dir_name, limits_file_name, memory_limit_env,
+    ANNOTATION_LIMIT_DELIVERY, CONTAINERS_DIR, ENV_CUDA_DEVICE_SM_LIMIT, ENV_CUDA_DISABLE_CONTROL,
+    ENV_NVIDIA_VISIBLE_DEVICES, LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH, LIBHAMI_PRELOAD_SO,
+    LIBVGPU_SO, OVERRIDE_ENV_PATH, USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH, memory_limit_env,
 };
 use hami_shared::values::{
-    DeliverySource, LimitDelivery, MemoryLimitMib, SmLimit, TaskPriority, resolve_limit_delivery,
+    CorePolicy, DeliverySource, LimitDelivery, MemoryLimitMib, SmLimit, resolve_limit_delivery,
 };
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
@@ -34,8 +34,9 @@ pub struct AllocationSettings {
     pub memory_scaling: f64,
     /// `disableCoreLimit`: the container gets `GPU_CORE_UTILIZATION_POLICY=disable`.
     pub disable_core_limit: bool,
-    /// `libCudaLogLevel` (node entry over global), passed as `LIBCUDA_LOG_LEVEL`.
-    pub lib_cuda_log_level: Option<String>,
+    /// `libCudaLogLevel` 0..=4 (node entry over global; the config loader refuses other values),
+    /// passed as `LIBCUDA_LOG_LEVEL`.
+    pub lib_cuda_log_level: Option<u8>,
     /// `limitdelivery` of the node's entry in `config.json`.
     pub node_delivery: Option<LimitDelivery>,
     /// `nvidia.limitDelivery` in the global device config.
@@ -152,8 +153,61 @@ pub struct AllocationPlan {
     pub container_dir: Option<PathBuf>,
     /// The limits file (file mode only).
     pub limits_file: Option<PlannedFile>,
-    /// Things an operator should know (an invalid `hami.io/limit-delivery`, an ignored spec value).
-    pub warnings: Vec<String>,
+    /// Things an operator should know (an invalid `hami.io/limit-delivery`, a spec value left
+    /// out of the limits file).
+    pub warnings: Vec<AllocationWarning>,
+}
+
+/// Something an operator should know about a plan; never an error (the container still gets its
+/// caps). Shown as a log line and an Event whose reason is [`Self::reason`]; serialized (the dry
+/// run) as its message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocationWarning {
+    /// The pod's `hami.io/limit-delivery` is not a delivery mode; the node or global setting is
+    /// used instead.
+    InvalidLimitDelivery {
+        /// The annotation's value.
+        value: String,
+        /// The mode used instead.
+        used: LimitDelivery,
+        /// Which setting decided it.
+        source: DeliverySource,
+    },
+    /// The limits-file builder left a spec value out.
+    Limits(PlanWarning),
+}
+
+impl AllocationWarning {
+    /// The Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidLimitDelivery { .. } => "InvalidLimitDelivery",
+            Self::Limits(_) => "LimitsFileValueSkipped",
+        }
+    }
+}
+
+impl std::fmt::Display for AllocationWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::InvalidLimitDelivery {
+                value,
+                used,
+                source,
+            } => write!(
+                f,
+                "invalid {ANNOTATION_LIMIT_DELIVERY}={value:?} (accepted: {}); using {used} from {source}",
+                LimitDelivery::ACCEPTED
+            ),
+            Self::Limits(w) => w.fmt(f),
+        }
+    }
+}
+
+impl Serialize for AllocationWarning {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 /// Why a container cannot be planned; every variant names the pod.
@@ -240,45 +294,9 @@ pub fn pod_key(pod: &Pod) -> String {
     )
 }
 
-/// True for a UUID `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (hex digits), as Kubernetes assigns.
-pub fn is_uuid(s: &str) -> bool {
-    let groups = [8usize, 4, 4, 4, 12];
-    let parts: Vec<&str> = s.split('-').collect();
-    parts.len() == groups.len()
-        && parts
-            .iter()
-            .zip(groups)
-            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-/// True for a DNS-1123 label (`[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters), as
-/// Kubernetes requires of container names.
-pub fn is_dns1123_label(s: &str) -> bool {
-    let bytes = s.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first() != Some(&b'-')
-        && bytes.last() != Some(&b'-')
-}
-
 /// Go's `strconv.ParseBool` true values (HAMi reads `CUDA_DISABLE_CONTROL` with it).
 fn go_parse_bool_true(s: &str) -> bool {
     matches!(s, "1" | "t" | "T" | "TRUE" | "true" | "True")
-}
-
-/// The literal value of the last `env` entry named `name` (later entries win in Kubernetes);
-/// `valueFrom` entries have no literal value.
-pub fn literal_env<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
-    container
-        .env
-        .as_ref()?
-        .iter()
-        .rev()
-        .find(|e| e.name == name)
-        .and_then(|e| e.value.as_deref())
 }
 
 /// The container of a slot.
@@ -352,13 +370,17 @@ pub fn plan_container(
         slot,
     })?;
     let name = container.name.clone();
-    if !is_dns1123_label(&name) {
-        return Err(PlanError::InvalidContainerName { pod: key, name });
-    }
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    if !is_uuid(&uid) {
-        return Err(PlanError::InvalidPodUid { pod: key, uid });
-    }
+    let container_key = ContainerKey::new(&uid, &name).map_err(|e| match e {
+        ContainerKeyError::ContainerName { name } => PlanError::InvalidContainerName {
+            pod: key.clone(),
+            name,
+        },
+        ContainerKeyError::PodUid { uid } => PlanError::InvalidPodUid {
+            pod: key.clone(),
+            uid,
+        },
+    })?;
     if devices.is_empty() {
         return Err(PlanError::NoDevices { pod: key, entry });
     }
@@ -385,18 +407,31 @@ pub fn plan_container(
         settings.global_delivery,
     );
     if let Some(bad) = &resolved.invalid_annotation {
-        warnings.push(format!(
-            "invalid {ANNOTATION_LIMIT_DELIVERY}={bad:?} (accepted: {}); using {} from {}",
-            LimitDelivery::ACCEPTED,
-            resolved.delivery,
-            resolved.source
-        ));
+        warnings.push(AllocationWarning::InvalidLimitDelivery {
+            value: bad.clone(),
+            used: resolved.delivery,
+            source: resolved.source,
+        });
     }
     let delivery = PlannedDelivery {
         mode: resolved.delivery,
         source: resolved.source,
     };
 
+    // The container's env entries in spec order (`valueFrom` has no literal value).
+    let spec_env: Vec<SpecEnv<'_>> = container
+        .env
+        .iter()
+        .flatten()
+        .map(|e| SpecEnv {
+            name: &e.name,
+            value: if e.value_from.is_some() {
+                None
+            } else {
+                e.value.as_deref()
+            },
+        })
+        .collect();
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
     let mut envs = BTreeMap::new();
     envs.insert(ENV_NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
@@ -420,9 +455,9 @@ pub fn plan_container(
         });
     }
 
-    // The variables HAMi-core reads, each validated through the limits file's writer, so that the
-    // environment and the file can never disagree and no unsafe value is ever emitted.
-    let mut limits = LimitsFile::new();
+    // The variables HAMi-core reads, through the contract's builder (the webhook builds KAI
+    // containers' files with it too), so that the environment and the file never disagree.
+    let mut builder = LimitsBuilder::new(container_key.container());
     for (i, d) in devices.iter().enumerate() {
         let mem = MemoryLimitMib::new(d.memory_mib).map_err(|e| {
             value_err(LimitsFileError::UnsafeValue {
@@ -431,9 +466,7 @@ pub fn plan_container(
                 reason: e.to_string(),
             })
         })?;
-        limits
-            .insert(memory_limit_env(i), mem.to_string())
-            .map_err(value_err)?;
+        builder.memory_limit(Some(i), mem).map_err(value_err)?;
     }
     // HAMi: the cores of the first device.
     let cores = devices.first().map_or(0, |d| d.cores);
@@ -444,69 +477,35 @@ pub fn plan_container(
             reason: e.to_string(),
         })
     })?;
-    limits
-        .insert(ENV_CUDA_DEVICE_SM_LIMIT, sm.to_string())
-        .map_err(value_err)?;
+    builder.sm_limit(sm);
     let vgpu_dir = settings.vgpu_dir();
-    limits
-        .insert(
-            ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
-            vgpu_dir.join(USAGE_CACHE_FILE).display().to_string(),
-        )
+    builder
+        .shared_cache(&vgpu_dir.join(USAGE_CACHE_FILE).display().to_string())
         .map_err(value_err)?;
     if settings.memory_scaling > 1.0 {
-        limits
-            .insert(ENV_CUDA_OVERSUBSCRIBE, "true")
-            .map_err(value_err)?;
+        builder.oversubscribe();
     }
-    if let Some(level) = &settings.lib_cuda_log_level {
-        limits
-            .insert(ENV_LIBCUDA_LOG_LEVEL, level.clone())
-            .map_err(value_err)?;
+    if let Some(level) = settings.lib_cuda_log_level {
+        builder.log_level(level).map_err(value_err)?;
     }
     if settings.disable_core_limit {
-        limits
-            .insert(ENV_GPU_CORE_UTILIZATION_POLICY, "disable")
-            .map_err(value_err)?;
+        builder.core_policy(CorePolicy::Disable);
     }
-    // Everything above is injected as variables, in both modes.
-    for (k, v) in limits.iter() {
-        if k != hami_shared::names::ENV_HAMI_LIMITS_FORMAT {
-            envs.insert(k.to_owned(), v.to_owned());
-        }
-    }
-    // Copied from the container spec's literal env (the webhook set them) into the file only:
-    // the container already has them in its environment.
-    if let Some(v) = literal_env(container, ENV_CUDA_TASK_PRIORITY) {
-        match v.parse::<TaskPriority>() {
-            Ok(p) => {
-                limits
-                    .insert(ENV_CUDA_TASK_PRIORITY, p.to_string())
-                    .map_err(value_err)?;
-            }
-            Err(e) => warnings.push(format!(
-                "container {name}: {ENV_CUDA_TASK_PRIORITY}={v:?} not copied to the limits file: {e}"
-            )),
-        }
-    }
-    if !settings.disable_core_limit
-        && let Some(v) = literal_env(container, ENV_GPU_CORE_UTILIZATION_POLICY)
-        && let Err(e) = limits.insert(ENV_GPU_CORE_UTILIZATION_POLICY, v)
-    {
-        warnings.push(format!(
-            "container {name}: {ENV_GPU_CORE_UTILIZATION_POLICY} not copied to the limits file: {e}"
-        ));
-    }
-    if let Some(v) = literal_env(container, ENV_LIBVGPU_HOSTPID_BROKER)
-        && let Err(e) = limits.insert(ENV_LIBVGPU_HOSTPID_BROKER, v)
-    {
-        warnings.push(format!(
-            "container {name}: {ENV_LIBVGPU_HOSTPID_BROKER} not copied to the limits file: {e}"
-        ));
-    }
+    // Everything set so far is injected as variables, in both modes; what is copied from the
+    // spec below goes into the file only (the container already has it in its environment).
+    let (injected, _) = builder.clone().finish();
+    envs.extend(
+        injected
+            .iter()
+            .filter(|(k, _)| *k != hami_shared::names::ENV_HAMI_LIMITS_FORMAT)
+            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    builder.copy_from_spec(&spec_env);
+    let (limits, copy_warnings) = builder.finish();
+    warnings.extend(copy_warnings.into_iter().map(AllocationWarning::Limits));
 
     let containers_dir = settings.containers_dir();
-    let container_dir = containers_dir.join(container_dir_name(&uid, &name));
+    let container_dir = containers_dir.join(container_key.dir_name());
     let vgpu_container_path = vgpu_dir.display().to_string();
     let mut mounts = vec![
         mount(
@@ -517,8 +516,10 @@ pub fn plan_container(
         mount(vgpu_container_path, &container_dir, false),
         mount(VGPU_LOCK_PATH, Path::new(VGPU_LOCK_PATH), false),
     ];
-    let control_disabled =
-        literal_env(container, ENV_CUDA_DISABLE_CONTROL).is_some_and(go_parse_bool_true);
+    let control_disabled = matches!(
+        spec_value(&spec_env, ENV_CUDA_DISABLE_CONTROL),
+        SpecValue::Literal(v) if go_parse_bool_true(v)
+    );
     if !control_disabled {
         mounts.extend(preload_mounts(&vgpu_dir));
     }
@@ -527,7 +528,7 @@ pub fn plan_container(
         LimitDelivery::File => {
             let file = PlannedFile {
                 dir: containers_dir,
-                file_name: limits_file_name(&uid, &name),
+                file_name: container_key.limits_file_name(),
                 text: limits.render(),
             };
             mounts.push(mount(OVERRIDE_ENV_PATH, &file.path(), true));
