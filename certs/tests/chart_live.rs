@@ -22,7 +22,14 @@ const RELEASE: &str = "hl";
 const PREFIX: &str = "hl-hami-limits";
 
 fn render_live(url: &str, out: &Path) {
-    let python = std::env::var("HAMI_CHART_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/py/bin/python");
+    let python = std::env::var("HAMI_CHART_PYTHON").unwrap_or_else(|_| {
+        if local.is_file() {
+            local.display().to_string()
+        } else {
+            "python3".to_owned()
+        }
+    });
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/tests/render_live.py");
     let output = Command::new(&python)
         .arg(&script)
@@ -32,7 +39,7 @@ fn render_live(url: &str, out: &Path) {
         .arg(NS)
         .output()
         .unwrap_or_else(|e| {
-            panic!("cannot run {python}: {e}; pip install -r scripts/requirements-test.txt")
+            panic!("cannot run {python}: {e}; scripts/test-all installs the chart tests' Python packages into .tools/py")
         });
     assert!(
         output.status.success(),

@@ -1,13 +1,16 @@
 //! `hami-limits`: inspect a limits file the way HAMi-core will read it.
 //!
 //! Exit status of `check`: 0 no diagnostics, 1 any diagnostic, 2 the file could not be read.
+//!
+//! `check` streams: it holds one line (at most HAMi-core's 9,999-byte line) and the entries,
+//! however long the input, and writes each diagnostic as it is found.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hami_shared::limits_file::{self, EXAMPLE, ParsedLimitsFile};
+use hami_shared::limits_file::{self, EXAMPLE, LineParser};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -38,7 +41,8 @@ enum Command {
         /// The limits file; `-` (the default) reads standard input.
         #[arg(value_name = "FILE|-", conflicts_with = "example")]
         file: Option<PathBuf>,
-        /// Print one JSON object: {"format", "entries", "diagnostics": [{"line", "severity", "message"}]}.
+        /// Print one JSON object: {"diagnostics": [{"line", "severity", "message"}], "format", "entries"}
+        /// (streamed: the diagnostics are written as they are found).
         #[arg(long)]
         json: bool,
         /// Check a built-in example file (what the device plugin writes for a 3000 MiB, 50 % share).
@@ -51,44 +55,97 @@ const EXIT_CLEAN: u8 = 0;
 const EXIT_DIAGNOSTICS: u8 = 1;
 const EXIT_UNREADABLE: u8 = 2;
 
-fn read_input(file: Option<&PathBuf>) -> Result<(String, Vec<u8>), String> {
-    let mut bytes = Vec::new();
+/// Where `check` reads from.
+fn open_input(file: Option<&PathBuf>) -> Result<(String, Box<dyn Read>), String> {
     match file {
-        None => read_stdin(&mut bytes).map(|()| ("standard input".to_owned(), bytes)),
-        Some(p) if p.as_os_str() == "-" => {
-            read_stdin(&mut bytes).map(|()| ("standard input".to_owned(), bytes))
+        Some(p) if p.as_os_str() != "-" => {
+            let f =
+                std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            match f.metadata() {
+                Ok(m) if m.is_dir() => {
+                    Err(format!("cannot read {}: it is a directory", p.display()))
+                }
+                Ok(_) => Ok((p.display().to_string(), Box::new(f) as Box<dyn Read>)),
+                Err(e) => Err(format!("cannot read {}: {e}", p.display())),
+            }
         }
-        Some(p) => std::fs::read(p)
-            .map(|b| (p.display().to_string(), b))
-            .map_err(|e| format!("cannot read {}: {e}", p.display())),
+        _ => Ok((
+            "standard input".to_owned(),
+            Box::new(std::io::stdin().lock()) as Box<dyn Read>,
+        )),
     }
 }
 
-fn read_stdin(buf: &mut Vec<u8>) -> Result<(), String> {
-    std::io::stdin()
-        .lock()
-        .read_to_end(buf)
-        .map(|_| ())
-        .map_err(|e| format!("cannot read standard input: {e}"))
+/// Read one line into `buf`, keeping at most `cap` bytes of it (the rest is read and dropped).
+/// Returns the line's full length (newline included) and whether it ended with a newline; a
+/// length of 0 is the end of the input.
+fn read_line_bounded(
+    reader: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    cap: usize,
+) -> std::io::Result<(usize, bool)> {
+    buf.clear();
+    let mut total = 0;
+    loop {
+        let chunk = match reader.fill_buf() {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            return Ok((total, false));
+        }
+        let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        let room = cap.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..take.min(room)]);
+        total += take;
+        reader.consume(take);
+        if done {
+            return Ok((total, true));
+        }
+    }
 }
 
-fn report(parsed: &ParsedLimitsFile, json: bool, out: &mut impl Write) -> std::io::Result<()> {
-    if json {
-        let text = serde_json::to_string(parsed).map_err(std::io::Error::other)?;
-        writeln!(out, "{text}")
-    } else {
-        for d in &parsed.diagnostics {
-            writeln!(out, "{d}")?;
+/// Streams the diagnostics out as they are found: memory holds one line (at most
+/// `MAX_LINE_BYTES`) and the entries, whatever the input's size.
+struct Reporter<'a, W: Write> {
+    out: &'a mut W,
+    json: bool,
+    count: usize,
+    failed: Option<std::io::Error>,
+}
+
+impl<W: Write> Reporter<'_, W> {
+    fn emit(&mut self, d: limits_file::Diagnostic) {
+        if self.failed.is_some() {
+            return;
         }
-        Ok(())
+        let result = if self.json {
+            let sep = if self.count == 0 { "" } else { "," };
+            serde_json::to_string(&d)
+                .map_err(std::io::Error::other)
+                .and_then(|text| write!(self.out, "{sep}{text}"))
+        } else {
+            writeln!(self.out, "{d}")
+        };
+        self.count += 1;
+        if let Err(e) = result {
+            self.failed = Some(e);
+        }
     }
 }
 
 fn check(file: Option<PathBuf>, json: bool, example: bool) -> u8 {
-    let (name, bytes) = if example {
-        ("built-in example".to_owned(), EXAMPLE.as_bytes().to_vec())
+    let (name, input): (String, Box<dyn Read>) = if example {
+        (
+            "built-in example".to_owned(),
+            Box::new(EXAMPLE.as_bytes()) as Box<dyn Read>,
+        )
     } else {
-        match read_input(file.as_ref()) {
+        match open_input(file.as_ref()) {
             Ok(v) => v,
             Err(msg) => {
                 eprintln!("hami-limits: {msg}");
@@ -96,36 +153,86 @@ fn check(file: Option<PathBuf>, json: bool, example: bool) -> u8 {
             }
         }
     };
-    let parsed = limits_file::parse_bytes(&bytes);
-    let mut out = std::io::stdout().lock();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if example && !json {
         let header = format!(
             "Example limits file, as the device plugin publishes it for a container with a 3000 MiB, \
              50 % GPU share\n(host: <HOOK_PATH>/vgpu/containers/<pod-uid>_<container>.limits, \
              container: /overrideEnv):\n\n{EXAMPLE}\nDiagnostics ({}):",
-            parsed.diagnostics.len()
+            limits_file::parse(EXAMPLE).diagnostics.len()
         );
         if writeln!(out, "{header}").is_err() {
             return EXIT_UNREADABLE;
         }
     }
-    if report(&parsed, json, &mut out).is_err() {
+    if json && write!(out, "{{\"diagnostics\":[").is_err() {
         return EXIT_UNREADABLE;
     }
-    if example && !json && parsed.diagnostics.is_empty() {
-        let _ = writeln!(out, "(none)");
+    let mut reader = std::io::BufReader::with_capacity(64 * 1024, input);
+    let mut parser = LineParser::new();
+    let mut line = Vec::with_capacity(limits_file::MAX_LINE_BYTES + 1);
+    let mut reporter = Reporter {
+        out: &mut out,
+        json,
+        count: 0,
+        failed: None,
+    };
+    let mut ends_with_newline = true;
+    loop {
+        match read_line_bounded(&mut reader, &mut line, limits_file::MAX_LINE_BYTES + 1) {
+            Ok((0, _)) => break,
+            Ok((length, newline)) => {
+                let raw = if newline && line.last() == Some(&b'\n') {
+                    &line[..line.len() - 1]
+                } else {
+                    &line[..]
+                };
+                let length = if newline { length } else { length + 1 };
+                parser.line(raw, length, &mut |d| reporter.emit(d));
+                if !newline {
+                    ends_with_newline = false;
+                    break;
+                }
+            }
+            Err(e) => {
+                drop(reporter);
+                // What is still buffered is dropped, not written: the output would be cut short.
+                let _ = out.into_parts();
+                eprintln!("hami-limits: cannot read {name}: {e}");
+                return EXIT_UNREADABLE;
+            }
+        }
+    }
+    parser.finish(ends_with_newline, &mut |d| reporter.emit(d));
+    let count = reporter.count;
+    if reporter.failed.is_some() {
+        return EXIT_UNREADABLE;
+    }
+    let lines = parser.lines();
+    let (format, entries) = parser.into_parts();
+    let tail = if json {
+        serde_json::to_string(&entries)
+            .map_err(std::io::Error::other)
+            .and_then(|entries| {
+                let format = format.map_or_else(|| "null".to_owned(), |f| f.to_string());
+                writeln!(out, "],\"format\":{format},\"entries\":{entries}}}")
+            })
+    } else if example && count == 0 {
+        writeln!(out, "(none)")
+    } else {
+        Ok(())
+    };
+    if tail.and_then(|()| out.flush()).is_err() {
+        return EXIT_UNREADABLE;
     }
     if !json {
         eprintln!(
-            "hami-limits: {name}: {} entries, format {}, {} diagnostics",
-            parsed.entries.len(),
-            parsed
-                .format
-                .map_or_else(|| "absent (legacy)".to_owned(), |f| f.to_string()),
-            parsed.diagnostics.len()
+            "hami-limits: {name}: {lines} lines, {} entries, format {}, {count} diagnostics",
+            entries.len(),
+            format.map_or_else(|| "absent (legacy)".to_owned(), |f| f.to_string()),
         );
     }
-    if parsed.diagnostics.is_empty() {
+    if count == 0 {
         EXIT_CLEAN
     } else {
         EXIT_DIAGNOSTICS

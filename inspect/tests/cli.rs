@@ -159,3 +159,63 @@ fn help_everywhere() {
     let o = run(&["check", "--example", "x.limits"], None);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `check` streams: 512 KiB of newlines (half a million diagnostics, text and JSON) and a
+/// 16 MiB line without newline are checked in memory bounded by one line, not by the input
+/// (before: 235 MiB of RSS per MiB of newlines). The output is counted as it arrives, not kept,
+/// so that this test's own memory stays small too.
+#[test]
+fn check_streams_in_bounded_memory() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let newlines = dir.path().join("newlines");
+    std::fs::write(&newlines, vec![b'\n'; 512 << 10]).unwrap();
+    let long = dir.path().join("long");
+    std::fs::write(&long, vec![b'A'; 16 << 20]).unwrap();
+    for (file, json, diagnostics) in [
+        (&newlines, false, 512 << 10),
+        (&newlines, true, 512 << 10),
+        (&long, false, 2),
+    ] {
+        let mut args = vec!["check", file.to_str().unwrap()];
+        if json {
+            args.push("--json");
+        }
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let needle: &[u8] = if json { b"\"severity\"" } else { b"\n" };
+        let (mut count, mut carry, mut buf) = (0usize, Vec::new(), vec![0u8; 1 << 16]);
+        loop {
+            let n = stdout.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            carry.extend_from_slice(&buf[..n]);
+            count += carry.windows(needle.len()).filter(|w| *w == needle).count();
+            let keep = carry.len().min(needle.len() - 1);
+            carry.drain(..carry.len() - keep);
+        }
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(1), "{args:?}");
+        assert_eq!(count, diagnostics, "{args:?}");
+        // The largest resident set of this test binary's waited-for children (all of them this
+        // small program).
+        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage writes a complete rusage into the pointer it is given.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()) };
+        assert_eq!(rc, 0);
+        // SAFETY: initialised by the successful call above (and zeroed before).
+        #[allow(unsafe_code)]
+        let max_rss_kib = unsafe { usage.assume_init() }.ru_maxrss;
+        assert!(
+            max_rss_kib < 64 * 1024,
+            "{args:?}: peak RSS {max_rss_kib} KiB"
+        );
+    }
+}

@@ -325,28 +325,72 @@ pub fn parse(text: &str) -> ParsedLimitsFile {
 /// after them still count; a later duplicate key wins (warning); memory and SM values get a
 /// warning wherever HAMi-core would read them differently than they evidently intend.
 pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
-    let mut out = ParsedLimitsFile::default();
-    let mut first_seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut diagnostics = Vec::new();
+    let mut parser = LineParser::new();
     if bytes.is_empty() {
-        out.diagnostics.push(Diagnostic {
-            line: 1,
-            severity: Severity::Warning,
-            message: "the file is empty: HAMi-core reads no limits from it".to_owned(),
-        });
-        return out;
+        parser.finish(true, &mut |d| diagnostics.push(d));
+        let (format, entries) = parser.into_parts();
+        return ParsedLimitsFile {
+            format,
+            entries,
+            diagnostics,
+        };
     }
     let body = bytes.strip_suffix(b"\n");
     let ends_with_newline = body.is_some();
-    let body = body.unwrap_or(bytes);
-    let lines: Vec<&[u8]> = body.split(|b| *b == b'\n').collect();
-    let last = lines.len();
-    for (idx, raw) in lines.into_iter().enumerate() {
-        let line = idx + 1;
+    for raw in body.unwrap_or(bytes).split(|b| *b == b'\n') {
+        parser.line(raw, raw.len() + 1, &mut |d| diagnostics.push(d));
+    }
+    parser.finish(ends_with_newline, &mut |d| diagnostics.push(d));
+    let (format, entries) = parser.into_parts();
+    ParsedLimitsFile {
+        format,
+        entries,
+        diagnostics,
+    }
+}
+
+/// The tolerant parser, one line at a time, for readers that stream (`hami-limits check` holds
+/// no more than one line and the entries, however long the input). [`parse_bytes`] is this over a
+/// whole buffer.
+#[derive(Debug, Default)]
+pub struct LineParser {
+    line: usize,
+    format: Option<u32>,
+    entries: BTreeMap<String, String>,
+    first_seen: BTreeMap<String, usize>,
+}
+
+impl LineParser {
+    /// Before the first line.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Feed the next line, without its `\n`. `length` is the line's full length in the input,
+    /// newline included (a streaming reader may pass a prefix of an over-long line). Diagnostics
+    /// go to `report`, in order.
+    pub fn line(&mut self, raw: &[u8], length: usize, report: &mut impl FnMut(Diagnostic)) {
+        self.line += 1;
+        let line = self.line;
+        let mut error = |message: String| {
+            report(Diagnostic {
+                line,
+                severity: Severity::Error,
+                message,
+            })
+        };
+        if length > MAX_LINE_BYTES {
+            error(format!(
+                "line is {length} bytes; HAMi-core reads lines of up to {MAX_LINE_BYTES} bytes and would split it"
+            ));
+            return;
+        }
         // A CRLF line ending: the CR is stripped, so `3000m\r` means 3000 MiB (the preload library
         // exports what this parser reads). A CR anywhere else is an error below.
         let raw = match raw.strip_suffix(b"\r") {
             Some(stripped) => {
-                out.diagnostics.push(Diagnostic {
+                report(Diagnostic {
                     line,
                     severity: Severity::Warning,
                     message:
@@ -359,34 +403,27 @@ pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
             None => raw,
         };
         let mut error = |message: String| {
-            out.diagnostics.push(Diagnostic {
+            report(Diagnostic {
                 line,
                 severity: Severity::Error,
                 message,
             })
         };
-        if raw.len() + 1 > MAX_LINE_BYTES {
-            error(format!(
-                "line is {} bytes; HAMi-core reads lines of up to {MAX_LINE_BYTES} bytes and would split it",
-                raw.len() + 1
-            ));
-            continue;
-        }
         if raw.contains(&b'\r') {
             error(
                 "line contains a carriage return before its end: HAMi-core keeps it in the value, \
                  so 3000m\\r would read as 3000 bytes"
                     .to_owned(),
             );
-            continue;
+            return;
         }
         if raw.contains(&0) {
             error("line contains a NUL byte".to_owned());
-            continue;
+            return;
         }
         let Ok(text) = std::str::from_utf8(raw) else {
             error("line is not valid UTF-8".to_owned());
-            continue;
+            return;
         };
         let Some((key, value)) = text.split_once('=') else {
             let what = if text.trim().is_empty() {
@@ -399,11 +436,11 @@ pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
             error(format!(
                 "{what}: not a KEY=VALUE entry (released HAMi-core stops reading the file at such a line)"
             ));
-            continue;
+            return;
         };
         if key.is_empty() {
             error(format!("empty key before '=' (value {value:?})"));
-            continue;
+            return;
         }
         if !is_valid_key(key) {
             let why = if key.trim() != key {
@@ -414,26 +451,26 @@ pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
             error(format!(
                 "key {key:?} is not of the form [A-Z_][A-Z0-9_]*{why}"
             ));
-            continue;
+            return;
         }
         let mut warning = |message: String| {
-            out.diagnostics.push(Diagnostic {
+            report(Diagnostic {
                 line,
                 severity: Severity::Warning,
                 message,
             })
         };
-        if let Some(prev) = first_seen.get(key) {
+        if let Some(prev) = self.first_seen.get(key) {
             warning(format!(
                 "duplicate key {key} (also on line {prev}): the later value wins"
             ));
         } else {
-            first_seen.insert(key.to_owned(), line);
+            self.first_seen.insert(key.to_owned(), line);
         }
         if key == ENV_HAMI_LIMITS_FORMAT {
             match value.parse::<u32>() {
                 Ok(v) if v >= 1 && (value == "1" || !value.starts_with('0')) => {
-                    out.format = Some(v);
+                    self.format = Some(v);
                     if v > LIMITS_FORMAT_VERSION {
                         warning(format!(
                             "format {v} is newer than this reader (format {LIMITS_FORMAT_VERSION}); entries are read as usual"
@@ -441,7 +478,7 @@ pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
                     }
                 }
                 _ => {
-                    out.format = None;
+                    self.format = None;
                     warning(format!(
                         "{key}={value:?} is not a positive integer; format unknown"
                     ));
@@ -452,17 +489,42 @@ pub fn parse_bytes(bytes: &[u8]) -> ParsedLimitsFile {
                 warning(format!("{key}={value:?}: {w}"));
             }
         }
-        out.entries.insert(key.to_owned(), value.to_owned());
+        self.entries.insert(key.to_owned(), value.to_owned());
     }
-    if !ends_with_newline {
-        out.diagnostics.push(Diagnostic {
-            line: last,
-            severity: Severity::Warning,
-            message: "no newline at the end of the file: it may have been truncated (a cut 3000m reads as 30 bytes)"
-                .to_owned(),
-        });
+
+    /// After the last line: `ends_with_newline` is false when the input's last line had no
+    /// newline (a truncated file?). An input of no lines at all is reported as empty.
+    pub fn finish(&mut self, ends_with_newline: bool, report: &mut impl FnMut(Diagnostic)) {
+        if self.line == 0 {
+            report(Diagnostic {
+                line: 1,
+                severity: Severity::Warning,
+                message: "the file is empty: HAMi-core reads no limits from it".to_owned(),
+            });
+        } else if !ends_with_newline {
+            report(Diagnostic {
+                line: self.line,
+                severity: Severity::Warning,
+                message: "no newline at the end of the file: it may have been truncated (a cut 3000m reads as 30 bytes)"
+                    .to_owned(),
+            });
+        }
     }
-    out
+
+    /// Lines seen so far.
+    pub fn lines(&self) -> usize {
+        self.line
+    }
+
+    /// The entries that count so far.
+    pub fn entries(&self) -> &BTreeMap<String, String> {
+        &self.entries
+    }
+
+    /// `HAMI_LIMITS_FORMAT` and the entries.
+    pub fn into_parts(self) -> (Option<u32>, BTreeMap<String, String>) {
+        (self.format, self.entries)
+    }
 }
 
 #[cfg(test)]
