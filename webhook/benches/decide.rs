@@ -5,30 +5,41 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use hami_webhook::basis::FixedBasis;
 use hami_webhook::review::AdmissionReview;
 use hami_webhook::{Settings, decide, review};
 
 const PLAIN_POD: &[u8] = include_bytes!("../tests/fixtures/plain-pod.json");
 const HAMI_POD: &[u8] = include_bytes!("../tests/fixtures/hami-pod.json");
+const KAI_SMALL: &[u8] = include_bytes!("../tests/fixtures/kai-fraction-small.json");
+const KAI_LARGE: &[u8] = include_bytes!("../tests/fixtures/kai-fraction-large.json");
+const FIXTURES: [(&str, &[u8]); 4] = [
+    ("plain-pod", PLAIN_POD),
+    ("hami-pod", HAMI_POD),
+    ("kai-fraction-small", KAI_SMALL),
+    ("kai-fraction-large", KAI_LARGE),
+];
 
 fn bench(c: &mut Criterion) {
+    // The defaults (KAI: file delivery), with the basis the KAI benchmark's server uses.
     let settings = Settings::default();
+    let vram = FixedBasis(16384);
     let mut group = c.benchmark_group("review");
-    for (name, body) in [("plain-pod", PLAIN_POD), ("hami-pod", HAMI_POD)] {
+    for (name, body) in FIXTURES {
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_function(name, |b| {
-            b.iter(|| review(black_box(body), &settings).unwrap());
+            b.iter(|| review(black_box(body), &settings, &vram).unwrap());
         });
     }
     group.finish();
 
     // `decide` on an already-parsed request: the policy itself.
     let mut group = c.benchmark_group("decide");
-    for (name, body) in [("plain-pod", PLAIN_POD), ("hami-pod", HAMI_POD)] {
+    for (name, body) in FIXTURES {
         let parsed: AdmissionReview<'_> = serde_json::from_slice(body).unwrap();
         let request = parsed.request.unwrap();
         group.bench_function(name, |b| {
-            b.iter(|| decide(black_box(&request), &settings));
+            b.iter(|| decide(black_box(&request), &settings, &vram));
         });
     }
     group.finish();

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hami_tests::apiserver::{ApiServer, fixtures};
+use hami_webhook::basis::VramBasis as _;
 use hami_webhook::placement::{Placement, Requirement};
-use hami_webhook::vram::{KaiMetrics, SharedVramIndex, run_node_watch};
+use hami_webhook::vram::{KaiMetrics, LiveVramIndex, run_node_watch};
 use k8s_openapi::api::core::v1::Node;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -75,7 +76,7 @@ async fn main() {
     eprintln!("seeded {n} nodes");
 
     let rss_before = rss_mib();
-    let index = SharedVramIndex::new(KaiMetrics::default());
+    let index = LiveVramIndex::new(KaiMetrics::default());
     let mut changes = index.subscribe();
     let (stop, mut stopped) = tokio::sync::watch::channel(false);
     let started = Instant::now();
@@ -113,7 +114,7 @@ async fn main() {
             .insert("nvidia.com/gpu.memory".into(), mib.to_string());
         let t = Instant::now();
         server.seed(&node).unwrap();
-        while index.basis(&Placement::any()).map(|b| b.mib) != Ok(mib) {
+        while index.snapshot().basis(&Placement::any()).map(|b| b.mib) != Ok(mib) {
             changes.changed().await.unwrap();
         }
         relabel_times.push(t.elapsed());
@@ -170,7 +171,7 @@ async fn main() {
     let lookup = |p: &Placement, iters: usize| {
         let idx = Arc::clone(&index);
         per_call(iters, || {
-            black_box(idx.basis(black_box(p)).ok());
+            black_box(idx.snapshot().basis(black_box(p)).ok());
         })
     };
     let t_any = lookup(&any, 200_000);
@@ -181,6 +182,7 @@ async fn main() {
     let t_nothing = lookup(&nothing, 200);
     let found = |p: &Placement| {
         index
+            .snapshot()
             .basis(p)
             .map_or("none".to_owned(), |b| format!("min {} MiB", b.mib))
     };

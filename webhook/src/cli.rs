@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use crate::decide::{Decision, decide_pod};
+use crate::basis::VramBasis;
+use crate::decide::decide_pod;
+use crate::mutation::Decision;
 use crate::pod::Pod;
 use crate::settings::Settings;
 
@@ -18,8 +20,8 @@ pub struct CommandOutput {
 /// `hami-webhook review`: one AdmissionReview JSON in, the response AdmissionReview out. Exit 0
 /// whatever the decision; 2 when the input is not JSON.
 #[must_use]
-pub fn review_command(input: &[u8], settings: &Settings) -> CommandOutput {
-    match crate::review(input, settings) {
+pub fn review_command(input: &[u8], settings: &Settings, vram: &dyn VramBasis) -> CommandOutput {
+    match crate::review(input, settings, vram) {
         Ok(reviewed) => CommandOutput {
             stdout: String::from_utf8_lossy(&reviewed.body).into_owned() + "\n",
             stderr: String::new(),
@@ -45,7 +47,12 @@ pub enum MutateOutput {
 /// `hami-webhook mutate`: a Pod (YAML or JSON) in; the mutated pod (or the patch) on stdout, the
 /// warnings or the denial on stderr; exit 1 when denied, 2 when the input is not a pod.
 #[must_use]
-pub fn mutate_command(input: &[u8], output: MutateOutput, settings: &Settings) -> CommandOutput {
+pub fn mutate_command(
+    input: &[u8],
+    output: MutateOutput,
+    settings: &Settings,
+    vram: &dyn VramBasis,
+) -> CommandOutput {
     let fail = |message: String| CommandOutput {
         stdout: String::new(),
         stderr: format!("hami-webhook mutate: {message}\n"),
@@ -75,13 +82,18 @@ pub fn mutate_command(input: &[u8], output: MutateOutput, settings: &Settings) -
         .as_deref()
         .filter(|n| !n.is_empty())
         .unwrap_or("default");
-    match decide_pod(&pod, Some(namespace), settings) {
+    match decide_pod(&pod, Some(namespace), settings, vram) {
         Decision::Deny { message } | Decision::Invalid { message } => CommandOutput {
             stdout: String::new(),
             stderr: format!("denied: {message}\n"),
             code: 1,
         },
-        Decision::Allow { patch, warnings } => {
+        Decision::Allow {
+            patch,
+            warnings,
+            limits_files,
+            ..
+        } => {
             let mut stderr: String = warnings.iter().map(|w| format!("warning: {w}\n")).collect();
             let stdout = match output {
                 MutateOutput::Patch => match serde_json::to_string_pretty(&patch) {
@@ -107,12 +119,13 @@ pub fn mutate_command(input: &[u8], output: MutateOutput, settings: &Settings) -
                 }
             };
             // KAI file delivery: the limits files the downward-API volume would project.
-            for (container, text) in crate::kai::downward::projected_files(&patch) {
+            for file in &limits_files {
                 stderr.push_str(&format!(
-                    "limits file for container {container:?} (read-only at {}):\n",
+                    "limits file for container {:?} (read-only at {}):\n",
+                    file.container,
                     hami_shared::names::OVERRIDE_ENV_PATH
                 ));
-                for line in text.lines() {
+                for line in file.text.lines() {
                     stderr.push_str("  ");
                     stderr.push_str(line);
                     stderr.push('\n');

@@ -4,7 +4,7 @@
 use hami_shared::names::ANNOTATION_LIMIT_DELIVERY;
 use hami_shared::values::LimitDelivery;
 
-use crate::decide::{Denial, PodMutation};
+use crate::mutation::{Denial, PodMutation};
 
 /// Deny a pod whose `hami.io/limit-delivery` is present and not exactly `env` or `file`.
 ///

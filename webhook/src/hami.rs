@@ -11,12 +11,9 @@
 use hami_shared::names::{ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY};
 use hami_shared::values::{CorePolicy, TaskPriority};
 
-use crate::decide::{Denial, PodMutation};
-use crate::pod::{Container, ContainerRef};
+use crate::mutation::{Denial, PodMutation};
+use crate::pod::{Container, ContainerRef, DEFAULT_SCHEDULER};
 use crate::settings::Settings;
-
-/// The scheduler name Kubernetes fills in when a pod names none.
-pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// Apply HAMi's GPU-pod mutations.
 ///

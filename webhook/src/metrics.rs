@@ -1,10 +1,8 @@
-//! Prometheus metrics and readiness.
+//! The server's Prometheus metrics (readiness and the ops routes are `hami_ops`'s).
 //!
 //! Labels are low-cardinality by construction: outcomes, HTTP codes and reload results are fixed
 //! sets. Per-request counters are created once and kept, so a request costs a few atomic adds.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -14,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::review::Outcome;
+use crate::mutation::Outcome;
 
 type Label = [(&'static str, &'static str); 1];
 
@@ -196,48 +194,6 @@ impl Metrics {
     }
 }
 
-/// Named readiness conditions; `/readyz` is 200 when all hold. The certificate is one; further
-/// components (a node watch) add their own.
-#[derive(Debug, Clone)]
-pub struct Readiness {
-    conditions: Arc<Vec<(&'static str, AtomicBool)>>,
-}
-
-impl Readiness {
-    /// Conditions, all initially false.
-    #[must_use]
-    pub fn new(names: &[&'static str]) -> Self {
-        Self {
-            conditions: Arc::new(names.iter().map(|n| (*n, AtomicBool::new(false))).collect()),
-        }
-    }
-
-    /// Mark `name` as holding or not. Unknown names are ignored.
-    pub fn set(&self, name: &str, ready: bool) {
-        if let Some((_, flag)) = self.conditions.iter().find(|(n, _)| *n == name) {
-            flag.store(ready, Ordering::Release);
-        }
-    }
-
-    /// The names of conditions that do not hold yet; empty when ready.
-    #[must_use]
-    pub fn pending(&self) -> Vec<&'static str> {
-        self.conditions
-            .iter()
-            .filter(|(_, f)| !f.load(Ordering::Acquire))
-            .map(|(n, _)| *n)
-            .collect()
-    }
-
-    /// Whether every condition holds.
-    #[must_use]
-    pub fn is_ready(&self) -> bool {
-        self.conditions
-            .iter()
-            .all(|(_, f)| f.load(Ordering::Acquire))
-    }
-}
-
 /// The readiness condition the certificate store sets.
 pub const READY_CERTIFICATE: &str = "certificate";
 
@@ -258,15 +214,5 @@ mod tests {
         assert!(text.contains("hami_webhook_certificate_expiry_timestamp_seconds 1900000000"));
         assert!(text.contains("hami_webhook_http_errors_total{code=\"413\"} 1"));
         assert!(text.contains("hami_webhook_admission_duration_seconds_count 1"));
-    }
-
-    #[test]
-    fn readiness_needs_every_condition() {
-        let r = Readiness::new(&[READY_CERTIFICATE, "nodes"]);
-        assert_eq!(r.pending(), vec!["certificate", "nodes"]);
-        r.set(READY_CERTIFICATE, true);
-        assert!(!r.is_ready());
-        r.set("nodes", true);
-        assert!(r.is_ready());
     }
 }

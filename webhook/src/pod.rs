@@ -8,9 +8,13 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use hami_shared::container::SpecEnv;
 use serde::Deserialize;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
+
+/// The scheduler name Kubernetes fills in when a pod names none.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 
 /// A JSON object of string → string (annotations, labels, resource lists, node selectors), kept
 /// in document order as a small vector: these maps hold a handful of entries and a linear scan
@@ -194,10 +198,31 @@ pub struct Container<'a> {
 }
 
 impl<'a> Container<'a> {
-    /// The container's `env` entry named `name`, if any.
+    /// The container's `env` entry named `name` that takes effect: the **last** one, as in
+    /// Kubernetes.
     #[must_use]
     pub fn env_var(&self, name: &str) -> Option<&EnvVar<'a>> {
-        self.env.as_deref()?.iter().find(|e| e.name == name)
+        self.env.as_deref()?.iter().rev().find(|e| e.name == name)
+    }
+
+    /// The `env` entries in order, as the shared limits builder reads them (`valueFrom` entries
+    /// have no value).
+    #[must_use]
+    pub fn spec_env(&self) -> Vec<SpecEnv<'_>> {
+        self.env
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|e| SpecEnv {
+                name: &e.name,
+                // No `value` and no `valueFrom` is the empty string to Kubernetes.
+                value: if e.is_value_from() {
+                    None
+                } else {
+                    Some(e.value.as_deref().unwrap_or(""))
+                },
+            })
+            .collect()
     }
 
     /// `resources.limits[name]`.

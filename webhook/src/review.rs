@@ -8,7 +8,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
-use crate::decide::Decision;
+pub use crate::mutation::Outcome;
+use crate::mutation::{Decision, Observation};
 use crate::pod::Pod;
 
 /// `admission.k8s.io/v1`.
@@ -70,32 +71,6 @@ pub enum BodyError {
     NotJson(String),
 }
 
-/// How a review ended, for metrics and logs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// Allowed, nothing changed.
-    Allowed,
-    /// Allowed with a non-empty patch.
-    Patched,
-    /// Denied by policy.
-    Denied,
-    /// The review itself was unusable (no request, no uid, wrong kind or version, bad object).
-    Invalid,
-}
-
-impl Outcome {
-    /// Lowercase label value.
-    #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Allowed => "allowed",
-            Self::Patched => "patched",
-            Self::Denied => "denied",
-            Self::Invalid => "invalid",
-        }
-    }
-}
-
 /// A finished review: the response body and what it said.
 #[derive(Debug, Clone)]
 pub struct Reviewed {
@@ -106,6 +81,8 @@ pub struct Reviewed {
     pub pod: Option<String>,
     /// For logs: the denial or invalid message.
     pub message: Option<String>,
+    /// What the decision observed, for the server to count.
+    pub observations: Vec<Observation>,
 }
 
 #[derive(Serialize)]
@@ -149,7 +126,9 @@ pub fn encode_response(
     decision: &Decision,
 ) -> Result<Vec<u8>, serde_json::Error> {
     let (allowed, patch, warnings, status) = match decision {
-        Decision::Allow { patch, warnings } => {
+        Decision::Allow {
+            patch, warnings, ..
+        } => {
             let patch = if patch.is_empty() {
                 None
             } else {
@@ -313,14 +292,15 @@ fn finish(
             encode_response(version, uid, &fallback).unwrap_or_default()
         }
     };
-    let message = match decision {
-        Decision::Deny { message } | Decision::Invalid { message } => Some(message),
-        Decision::Allow { .. } => None,
+    let (message, observations) = match decision {
+        Decision::Deny { message } | Decision::Invalid { message } => (Some(message), Vec::new()),
+        Decision::Allow { observations, .. } => (None, observations),
     };
     Ok(Reviewed {
         outcome,
         body,
         pod,
         message,
+        observations,
     })
 }

@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -27,26 +27,41 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-use crate::metrics::{Metrics, Readiness};
-use crate::review::Outcome;
+use hami_ops::Readiness;
+
+use crate::metrics::Metrics;
+use crate::mutation::Outcome;
 use crate::settings::Settings;
+use crate::vram::metrics::KaiMetrics;
+use crate::vram::source::VramSource;
 
 /// What the `/mutate` handler needs.
 #[derive(Debug)]
 pub struct AppState {
     pub settings: Arc<Settings>,
     pub metrics: Arc<Metrics>,
+    /// Where the per-GPU VRAM basis comes from; read as a snapshot per review.
+    pub vram: VramSource,
+    /// Counts what the decisions observed.
+    pub kai_metrics: KaiMetrics,
     limiter: Semaphore,
 }
 
 impl AppState {
     /// State for `settings`, with its concurrency bound.
     #[must_use]
-    pub fn new(settings: Arc<Settings>, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(
+        settings: Arc<Settings>,
+        metrics: Arc<Metrics>,
+        vram: VramSource,
+        kai_metrics: KaiMetrics,
+    ) -> Arc<Self> {
         let permits = settings.server.max_concurrent_requests.max(1);
         Arc::new(Self {
             settings,
             metrics,
+            vram,
+            kai_metrics,
             limiter: Semaphore::new(permits),
         })
     }
@@ -145,12 +160,19 @@ async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Respons
             );
         }
     };
-    match crate::review(&body, &state.settings) {
+    // The basis snapshot (a read lock on a watched index) is held for the decision only.
+    let reviewed = crate::review::review_with(&body, |request| {
+        state
+            .vram
+            .with_basis(|vram| crate::decide::decide(request, &state.settings, vram))
+    });
+    match reviewed {
         Err(e) => refuse(StatusCode::BAD_REQUEST, e.to_string()),
         Ok(reviewed) => {
             state
                 .metrics
                 .observe_review(reviewed.outcome, start.elapsed());
+            state.kai_metrics.observe(&reviewed.observations);
             match reviewed.outcome {
                 Outcome::Denied => warn!(
                     pod = reviewed.pod.as_deref().unwrap_or(""),
@@ -174,46 +196,6 @@ async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Respons
                 .into_response()
         }
     }
-}
-
-/// The health and metrics router: `/healthz`, `/readyz`, `/metrics`.
-pub fn ops_router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let readiness = readiness.clone();
-                async move {
-                    let pending = readiness.pending();
-                    if pending.is_empty() {
-                        (StatusCode::OK, "ready\n".to_owned())
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("not ready: waiting for {}\n", pending.join(", ")),
-                        )
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = Arc::clone(&metrics);
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            HeaderValue::from_static(
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            ),
-                        )],
-                        metrics.encode(),
-                    )
-                }
-            }),
-        )
 }
 
 /// Limits of the TLS server.
@@ -327,20 +309,6 @@ pub async fn serve_tls(
     Ok(())
 }
 
-/// Serve `app` over plain HTTP on `listener` until `shutdown` completes.
-///
-/// # Errors
-/// I/O errors from the listener.
-pub async fn serve_plain(
-    listener: TcpListener,
-    app: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
 /// Where the serving certificate comes from.
 #[derive(Debug)]
 pub enum CertSource {
@@ -354,25 +322,29 @@ pub enum CertSource {
 }
 
 /// Run the whole webhook: the TLS admission server on `listener`, health and metrics on
-/// `ops_listener`, certificate reload, until `shutdown` completes and in-flight requests finish.
+/// `ops_listener`, certificate reload and (when `vram` is a watched index) the node watch, until
+/// `shutdown` completes and in-flight requests finish. `kai_metrics` must be the handles `vram`
+/// reports to.
 ///
 /// # Errors
 /// TLS configuration or listener I/O errors.
 pub async fn run(
     settings: Arc<Settings>,
+    vram: VramSource,
+    kai_metrics: KaiMetrics,
     listener: TcpListener,
     ops_listener: TcpListener,
     certs: CertSource,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), crate::tls::TlsError> {
     let mut metrics = Metrics::new();
-    settings.kai.metrics.register(metrics.registry_mut());
+    kai_metrics.register(metrics.registry_mut());
     let metrics = Arc::new(metrics);
     // KAI: the node watch, when the per-GPU VRAM is detected; not ready before the first list.
-    let node_index = settings.kai.vram.index_to_watch().cloned();
+    let node_index = vram.index_to_watch().cloned();
     let mut conditions = vec![crate::metrics::READY_CERTIFICATE];
     if node_index.is_some() {
-        conditions.push(crate::vram::READY_NODES);
+        conditions.push(crate::vram::watch::READY_NODES);
     }
     let readiness = Readiness::new(&conditions);
     let store = match certs {
@@ -394,19 +366,28 @@ pub async fn run(
     let reload =
         tokio::spawn(Arc::clone(&store).watch(settings.server.cert_reload_interval(), stopped()));
     let node_watch = node_index.map(|index| {
-        tokio::spawn(crate::vram::watch_cluster(
+        tokio::spawn(crate::vram::watch::watch_cluster(
             index,
             settings.kai.node_label_selector.clone(),
             readiness.clone(),
             stopped(),
         ))
     });
-    let ops = tokio::spawn(serve_plain(
+    let render = {
+        let metrics = Arc::clone(&metrics);
+        Arc::new(move || metrics.encode())
+    };
+    let ops = tokio::spawn(hami_ops::serve(
         ops_listener,
-        ops_router(Arc::clone(&metrics), readiness),
+        hami_ops::router(render, readiness),
         stopped(),
     ));
-    let state = AppState::new(Arc::clone(&settings), Arc::clone(&metrics));
+    let state = AppState::new(
+        Arc::clone(&settings),
+        Arc::clone(&metrics),
+        vram,
+        kai_metrics,
+    );
     let options = TlsServeOptions::from_settings(&settings);
     let admission = serve_tls(
         listener,

@@ -6,8 +6,12 @@
 //! names where HAMi has them: the `nvidia:` section mirrors HAMi's `device-config.yaml` (its other
 //! keys are accepted and ignored, so HAMi's own file can be passed as is).
 //!
-//! Extension point: further decision modules (KAI) add their own section here (`kai:`), with
-//! `#[serde(default)]`, and read it from `decide`.
+//! The `server:` and `kai:` sections are ours: an unknown key there is refused with a message
+//! naming it. The top level and `nvidia:` stay lenient, for HAMi's file.
+//!
+//! Old environment names keep working, each with a deprecation notice (logged once by the
+//! program): `PER_GPU_VRAM_MIB` → `HAMI_KAI__PER_GPU_VRAM_MIB`. `HAMI_LOG_FORMAT`, the name the
+//! other hami-limits programs read, sets `server.logFormat` too.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,6 +19,8 @@ use std::time::Duration;
 
 use hami_shared::values::CorePolicy;
 use serde::{Deserialize, Serialize};
+
+use crate::kai::settings::KaiSettings;
 
 /// Every setting of the webhook. Each field has a documented default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,8 +35,8 @@ pub struct Settings {
     pub deny_privileged_gpu_containers: bool,
     /// How the HTTPS server runs.
     pub server: ServerSettings,
-    /// KAI fractional-sharing pods (see [`crate::kai::KaiSettings`]).
-    pub kai: crate::kai::KaiSettings,
+    /// KAI fractional-sharing pods.
+    pub kai: KaiSettings,
 }
 
 impl Default for Settings {
@@ -40,7 +46,7 @@ impl Default for Settings {
             scheduler_name: "hami-scheduler".to_owned(),
             deny_privileged_gpu_containers: true,
             server: ServerSettings::default(),
-            kai: crate::kai::KaiSettings::default(),
+            kai: KaiSettings::default(),
         }
     }
 }
@@ -90,20 +96,38 @@ impl NvidiaSettings {
     }
 }
 
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+/// Log line format (the settings-file spelling of [`hami_ops::LogFormat`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable text.
     #[default]
     Text,
-    /// One JSON object per line.
+    /// One JSON object per line, event fields at the top level.
     Json,
 }
 
-/// How the HTTPS server runs.
+impl From<LogFormat> for hami_ops::LogFormat {
+    fn from(f: LogFormat) -> Self {
+        match f {
+            LogFormat::Text => Self::Text,
+            LogFormat::Json => Self::Json,
+        }
+    }
+}
+
+impl From<hami_ops::LogFormat> for LogFormat {
+    fn from(f: hami_ops::LogFormat) -> Self {
+        match f {
+            hami_ops::LogFormat::Text => Self::Text,
+            hami_ops::LogFormat::Json => Self::Json,
+        }
+    }
+}
+
+/// How the HTTPS server runs. Unknown keys are refused (the message names the key).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 pub struct ServerSettings {
     /// HTTPS address for `POST /mutate`. Default `0.0.0.0:9443`.
     pub listen: SocketAddr,
@@ -185,13 +209,53 @@ impl ServerSettings {
 #[error("{0}")]
 pub struct SettingsError(pub String);
 
+/// Environment names that still work, each with the name to use instead.
+pub const DEPRECATED_ENV: [(&str, &str); 1] = [("PER_GPU_VRAM_MIB", "HAMI_KAI__PER_GPU_VRAM_MIB")];
+
+/// `HAMI_LOG_FORMAT`: the log format variable every hami-limits program reads.
+pub const ENV_LOG_FORMAT: &str = "HAMI_LOG_FORMAT";
+
+/// Map the old environment names onto the layered ones (a layered name, when also set, wins) and
+/// say what was mapped, so that every variable is read by one mechanism.
+fn with_current_names(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let mut env: Vec<(String, String)> = env.into_iter().collect();
+    let mut notices = Vec::new();
+    let renames = DEPRECATED_ENV
+        .iter()
+        .map(|&(old, new)| (old, new, true))
+        .chain([(ENV_LOG_FORMAT, "HAMI_SERVER__LOGFORMAT", false)]);
+    for (old, new, deprecated) in renames {
+        let Some(value) = env.iter().find(|(k, _)| k == old).map(|(_, v)| v.clone()) else {
+            continue;
+        };
+        let set = |k: &str| {
+            let fold = |s: &str| s.replace('_', "").to_ascii_lowercase();
+            fold(k) == fold(new)
+        };
+        if env.iter().any(|(k, _)| set(k)) {
+            if deprecated {
+                notices.push(format!("{old} is deprecated and ignored: {new} is set"));
+            }
+            continue;
+        }
+        if deprecated {
+            notices.push(format!("{old} is deprecated: use {new}"));
+        }
+        env.push((new.to_owned(), value));
+    }
+    (env, notices)
+}
+
 impl Settings {
-    /// Defaults < `file` (YAML or JSON) < `HAMI_*` environment variables.
+    /// Defaults < `file` (YAML or JSON) < `HAMI_*` environment variables. Returns the settings
+    /// and a notice per deprecated environment name in use (the caller logs them once).
     ///
     /// # Errors
     /// A file that cannot be read or a key whose value is not accepted; the message names the file,
     /// the key and the value.
-    pub fn load(file: Option<&Path>) -> Result<Self, SettingsError> {
+    pub fn load(file: Option<&Path>) -> Result<(Self, Vec<String>), SettingsError> {
         Self::load_from_env(file, std::env::vars())
     }
 
@@ -199,7 +263,10 @@ impl Settings {
     ///
     /// # Errors
     /// As [`Self::load`].
-    pub fn load_from_env<I>(file: Option<&Path>, env: I) -> Result<Self, SettingsError>
+    pub fn load_from_env<I>(
+        file: Option<&Path>,
+        env: I,
+    ) -> Result<(Self, Vec<String>), SettingsError>
     where
         I: IntoIterator<Item = (String, String)>,
     {
@@ -218,8 +285,11 @@ impl Settings {
         let file = file
             .zip(text.as_deref())
             .map(|(path, text)| hami_shared::config::FileText { path, text });
-        hami_shared::config::load_layered_with_schema::<Settings, _>(file, "HAMI", env)
-            .map_err(|e| SettingsError(e.to_string()))
+        let (env, notices) = with_current_names(env);
+        let settings =
+            hami_shared::config::load_layered_with_schema::<Settings, _>(file, "HAMI", env)
+                .map_err(|e| SettingsError(e.to_string()))?;
+        Ok((settings, notices))
     }
 }
 
@@ -262,7 +332,7 @@ mod tests {
             ("HAMI_WEBHOOK_CONFIG", "/ignored"),
         ]
         .map(|(k, v)| (k.to_owned(), v.to_owned()));
-        let s = Settings::load_from_env(Some(&file), env).unwrap();
+        let (s, _) = Settings::load_from_env(Some(&file), env).unwrap();
         assert_eq!(s.nvidia.gpu_core_policy, CorePolicy::Force);
         assert_eq!(s.scheduler_name, "gpu-sched");
         assert_eq!(s.server.body_limit_bytes, 2048);
@@ -289,5 +359,74 @@ mod tests {
             err.contains("FORCE") && err.contains("default, force, disable"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn unknown_keys_in_our_sections_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for (yaml, key) in [
+            ("server:\n  bodyLimitByte: 10\n", "bodyLimitByte"),
+            ("kai:\n  perGpuVramMiB2: 10\n", "perGpuVramMiB2"),
+        ] {
+            let file = dir.path().join("webhook.yaml");
+            std::fs::write(&file, yaml).unwrap();
+            let err = Settings::load_from_env(Some(&file), std::iter::empty())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+        }
+        let env = [("HAMI_SERVER__NO_SUCH_KEY".to_owned(), "1".to_owned())];
+        let err = Settings::load_from_env(None, env).unwrap_err().to_string();
+        assert!(err.contains("no_such_key"), "{err}");
+        // HAMi's sections (and the top level, which holds them) stay lenient.
+        let (s, _) = Settings::load_from_env(
+            None,
+            [(
+                "HAMI_NVIDIA__DEVICE_SPLIT_COUNT".to_owned(),
+                "10".to_owned(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(s.nvidia, NvidiaSettings::default());
+    }
+
+    #[test]
+    fn old_environment_names_still_work_with_a_notice() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let (s, notices) =
+            Settings::load_from_env(None, env(&[("PER_GPU_VRAM_MIB", "16384")])).unwrap();
+        assert_eq!(s.kai.per_gpu_vram_mib, Some(16384));
+        assert_eq!(
+            notices,
+            ["PER_GPU_VRAM_MIB is deprecated: use HAMI_KAI__PER_GPU_VRAM_MIB"]
+        );
+        let (s, notices) = Settings::load_from_env(
+            None,
+            env(&[
+                ("PER_GPU_VRAM_MIB", "1"),
+                ("HAMI_KAI__PER_GPU_VRAM_MIB", "2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.kai.per_gpu_vram_mib, Some(2));
+        assert_eq!(notices.len(), 1);
+        let (s, notices) =
+            Settings::load_from_env(None, env(&[("HAMI_LOG_FORMAT", "json")])).unwrap();
+        assert_eq!(s.server.log_format, LogFormat::Json);
+        assert!(notices.is_empty());
+        let (s, _) = Settings::load_from_env(
+            None,
+            env(&[
+                ("HAMI_LOG_FORMAT", "json"),
+                ("HAMI_SERVER__LOGFORMAT", "text"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.server.log_format, LogFormat::Text);
     }
 }

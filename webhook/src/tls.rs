@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use hami_ops::Readiness;
 use rustls::ServerConfig;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -22,7 +23,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tracing::{error, info};
 
-use crate::metrics::{Metrics, READY_CERTIFICATE, Readiness};
+use crate::metrics::{Metrics, READY_CERTIFICATE};
 
 /// A certificate or key that could not be used.
 #[derive(Debug, thiserror::Error)]

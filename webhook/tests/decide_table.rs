@@ -6,6 +6,7 @@
 
 use base64::Engine as _;
 use hami_shared::values::CorePolicy;
+use hami_webhook::basis::NoBasis;
 use hami_webhook::{Outcome, Settings, review};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
@@ -54,7 +55,7 @@ struct Answer {
 
 fn run(review_json: &Value, settings: &Settings) -> Answer {
     let body = serde_json::to_vec(review_json).unwrap();
-    let reviewed = review(&body, settings).unwrap();
+    let reviewed = review(&body, settings, &NoBasis).unwrap();
     let out: Value = serde_json::from_slice(&reviewed.body).unwrap();
     let response = out["response"].clone();
     let patch = response["patch"].as_str().map(|b64| {
@@ -497,7 +498,8 @@ fn v1beta1_is_answered_in_v1beta1() {
     r["apiVersion"] = json!("admission.k8s.io/v1beta1");
     let body = serde_json::to_vec(&r).unwrap();
     let out: Value =
-        serde_json::from_slice(&review(&body, &Settings::default()).unwrap().body).unwrap();
+        serde_json::from_slice(&review(&body, &Settings::default(), &NoBasis).unwrap().body)
+            .unwrap();
     assert_eq!(out["apiVersion"], "admission.k8s.io/v1beta1");
     assert_eq!(out["kind"], "AdmissionReview");
     assert_eq!(out["response"]["allowed"], true);
@@ -509,7 +511,7 @@ fn malformed_reviews() {
     // Not JSON: a body error (HTTP 400), not a review.
     for body in [&b""[..], b"   ", b"not json", b"{\"kind\":", b"{\"a\":1}}"] {
         assert!(
-            review(body, &s).is_err(),
+            review(body, &s, &NoBasis).is_err(),
             "{:?}",
             String::from_utf8_lossy(body)
         );
@@ -536,7 +538,7 @@ fn malformed_reviews() {
         ),
     ];
     for (body, needle) in cases {
-        let reviewed = review(body.as_bytes(), &s).unwrap();
+        let reviewed = review(body.as_bytes(), &s, &NoBasis).unwrap();
         assert_eq!(reviewed.outcome, Outcome::Invalid, "{body}");
         let out: Value = serde_json::from_slice(&reviewed.body).unwrap();
         assert_eq!(out["response"]["allowed"], false);
@@ -545,6 +547,7 @@ fn malformed_reviews() {
     }
     // The uid survives an object of the wrong shape.
     let body = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u-1","operation":"CREATE","object":{"spec":{"containers":"x"}}}}"#;
-    let out: Value = serde_json::from_slice(&review(body.as_bytes(), &s).unwrap().body).unwrap();
+    let out: Value =
+        serde_json::from_slice(&review(body.as_bytes(), &s, &NoBasis).unwrap().body).unwrap();
     assert_eq!(out["response"]["uid"], "u-1");
 }

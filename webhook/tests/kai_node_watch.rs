@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hami_ops::Readiness;
 use hami_tests::apiserver::{ApiServer, Fault, RequestMatch, Verb};
-use hami_webhook::metrics::Readiness;
+use hami_webhook::basis::{Basis, SkipReason, VramBasis as _};
 use hami_webhook::placement::Placement;
-use hami_webhook::vram::{
-    Basis, KaiMetrics, READY_NODES, SharedVramIndex, SkipReason, run_node_watch,
-};
+use hami_webhook::vram::{KaiMetrics, LiveVramIndex, READY_NODES, run_node_watch};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;
@@ -42,14 +41,14 @@ fn gpu(name: &str, mib: &str) -> Node {
 }
 
 struct Watch {
-    index: Arc<SharedVramIndex>,
+    index: Arc<LiveVramIndex>,
     readiness: Readiness,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 fn start(server: &ApiServer) -> Watch {
-    let index = SharedVramIndex::new(KaiMetrics::default());
+    let index = LiveVramIndex::new(KaiMetrics::default());
     let readiness = Readiness::new(&[READY_NODES]);
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn({
@@ -83,7 +82,7 @@ impl Watch {
         let mut changes = self.index.subscribe();
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
-            let now = self.index.basis(&Placement::any());
+            let now = self.index.snapshot().basis(&Placement::any());
             if want(now) {
                 return;
             }
@@ -184,13 +183,13 @@ async fn narrowing_uses_live_labels() {
         node_selector: vec![("pool".into(), "train".into())],
         ..Placement::default()
     };
-    assert_eq!(w.index.basis(&train).map(|b| b.mib), Ok(81920));
+    assert_eq!(w.index.snapshot().basis(&train).map(|b| b.mib), Ok(81920));
     // Move b into the train pool: the constrained basis follows.
     server
         .seed(&node("b", &[(SELECTOR, "15360"), ("pool", "train")]))
         .unwrap();
     let mut changes = w.index.subscribe();
-    while w.index.basis(&train).map(|b| b.mib) != Ok(15360) {
+    while w.index.snapshot().basis(&train).map(|b| b.mib) != Ok(15360) {
         tokio::time::timeout(PATIENCE, changes.changed())
             .await
             .unwrap()
@@ -253,10 +252,7 @@ async fn not_ready_before_the_first_list() {
         Fault::Status(500),
     );
     let w = start(&server);
-    let ops = hami_webhook::server::ops_router(
-        Arc::new(hami_webhook::metrics::Metrics::default()),
-        w.readiness.clone(),
-    );
+    let ops = hami_ops::router(Arc::new(String::new), w.readiness.clone());
     // Wait until the apiserver has refused a list, then check: not ready, no basis.
     let mut waited = Duration::ZERO;
     while !server.requests().iter().any(|r| r.fault.is_some()) {
@@ -266,7 +262,10 @@ async fn not_ready_before_the_first_list() {
         waited += step;
     }
     assert!(!w.readiness.is_ready());
-    assert_eq!(w.index.basis(&Placement::any()), Err(SkipReason::NotSynced));
+    assert_eq!(
+        w.index.snapshot().basis(&Placement::any()),
+        Err(SkipReason::NotSynced)
+    );
     assert_eq!(readyz(&ops).await.0, 503);
     assert!(readyz(&ops).await.1.contains("nodes"));
     // Then the list succeeds and the webhook becomes ready (readiness is set before the new

@@ -6,10 +6,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use hami_shared::limits_file::parse;
+use hami_webhook::basis::{NoBasis, NotSynced, VramBasis};
 use hami_webhook::kai::{KaiSettings, PreloadContainers};
 use hami_webhook::settings::Settings;
-use hami_webhook::vram::{KaiMetrics, SharedVramIndex, VramIndex, VramSource};
-use hami_webhook::{Decision, decide_pod};
+use hami_webhook::vram::{KaiMetrics, VramIndex};
+use hami_webhook::{Decision, Observation, decide_pod};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{Value, json};
 
@@ -36,12 +37,19 @@ struct Mutated {
     pod: Pod,
     warnings: Vec<String>,
     ops: Vec<Value>,
+    /// (container, text) of each projected limits file.
+    files: Vec<(String, String)>,
+    observations: Vec<Observation>,
 }
 
 fn decide(pod: &Value, settings: &Settings) -> Decision {
+    decide_with(pod, settings, &NoBasis)
+}
+
+fn decide_with(pod: &Value, settings: &Settings, vram: &dyn VramBasis) -> Decision {
     let bytes = serde_json::to_vec(pod).unwrap();
     let view: hami_webhook::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
-    decide_pod(&view, Some("ml-team"), settings)
+    decide_pod(&view, Some("ml-team"), settings, vram)
 }
 
 fn denial(pod: &Value, settings: &Settings) -> String {
@@ -53,8 +61,18 @@ fn denial(pod: &Value, settings: &Settings) -> String {
 
 /// Decide, apply, deserialize, and check that a second review is a no-op.
 fn mutate(pod: &Value, settings: &Settings) -> Mutated {
-    let Decision::Allow { patch, warnings } = decide(pod, settings) else {
-        panic!("denied: {:?}", decide(pod, settings));
+    mutate_with(pod, settings, &NoBasis)
+}
+
+fn mutate_with(pod: &Value, settings: &Settings, vram: &dyn VramBasis) -> Mutated {
+    let Decision::Allow {
+        patch,
+        warnings,
+        limits_files,
+        observations,
+    } = decide_with(pod, settings, vram)
+    else {
+        panic!("denied: {:?}", decide_with(pod, settings, vram));
     };
     let ops = serde_json::to_value(&patch).unwrap();
     let parsed: json_patch::Patch = serde_json::from_value(ops.clone()).unwrap();
@@ -62,20 +80,40 @@ fn mutate(pod: &Value, settings: &Settings) -> Mutated {
     json_patch::patch(&mut doc, &parsed).unwrap_or_else(|e| panic!("{e}: {ops:#}"));
     let k8s: Pod = serde_json::from_value(doc.clone()).unwrap();
     // Idempotent: a reinvocation on the mutated pod changes nothing and warns about nothing new.
-    match decide(&doc, settings) {
+    match decide_with(&doc, settings, vram) {
         Decision::Allow {
             patch: again,
             warnings: again_warnings,
+            limits_files: again_files,
+            observations: again_observations,
         } => {
             assert!(again.is_empty(), "second review patched: {again:?}");
             assert_eq!(again_warnings, warnings, "second review warned differently");
+            assert_eq!(
+                again_files, limits_files,
+                "second review projected other files"
+            );
+            assert_eq!(again_observations, observations);
         }
         other => panic!("second review: {other:?}"),
+    }
+    // The files the decision reports are the annotations the patched pod carries.
+    for f in &limits_files {
+        let key = format!("limits.hami.io/{}", f.container);
+        assert_eq!(
+            doc["metadata"]["annotations"][&key],
+            Value::from(f.text.as_str())
+        );
     }
     Mutated {
         pod: k8s,
         warnings,
         ops: ops.as_array().cloned().unwrap_or_default(),
+        files: limits_files
+            .into_iter()
+            .map(|f| (f.container, f.text))
+            .collect(),
+        observations,
     }
 }
 
@@ -421,7 +459,8 @@ fn copied_variables_land_in_the_file_when_harmless() {
         {"name": "a", "env": [
             {"name": "CUDA_TASK_PRIORITY", "value": "0"},
             {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
-            {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/a.cache"}]},
+            {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/a.cache"},
+            {"name": "LIBVGPU_HOSTPID_BROKER", "value": "1"}]},
         {"name": "b", "env": [
             {"name": "CUDA_TASK_PRIORITY", "value": "high"},
             {"name": "GPU_CORE_UTILIZATION_POLICY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}
@@ -430,15 +469,22 @@ fn copied_variables_land_in_the_file_when_harmless() {
     let a = annotation(&out.pod, "limits.hami.io/a").unwrap();
     assert_eq!(
         a,
-        "CUDA_DEVICE_MEMORY_LIMIT=3000m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/a.cache\nCUDA_TASK_PRIORITY=0\nGPU_CORE_UTILIZATION_POLICY=force\nHAMI_LIMITS_FORMAT=1\n"
+        "CUDA_DEVICE_MEMORY_LIMIT=3000m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/a.cache\nCUDA_TASK_PRIORITY=0\nGPU_CORE_UTILIZATION_POLICY=force\nHAMI_LIMITS_FORMAT=1\nLIBVGPU_HOSTPID_BROKER=1\n"
     );
     assert_clean_file(a, "3000m");
     let b = annotation(&out.pod, "limits.hami.io/b").unwrap();
     assert_eq!(b, "CUDA_DEVICE_MEMORY_LIMIT=3000m\nHAMI_LIMITS_FORMAT=1\n");
     assert_clean_file(b, "3000m");
-    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    // The shared builder's warnings (typed PlanWarning, shown as text): a value HAMi-core would
+    // not read as meant, and a valueFrom whose value is unknown at admission.
+    assert_eq!(out.warnings.len(), 2, "{:?}", out.warnings);
     assert!(
         out.warnings[0].contains("CUDA_TASK_PRIORITY=\"high\" left out"),
+        "{:?}",
+        out.warnings
+    );
+    assert!(
+        out.warnings[1].contains("GPU_CORE_UTILIZATION_POLICY is set with valueFrom"),
         "{:?}",
         out.warnings
     );
@@ -499,9 +545,8 @@ fn opted_out_and_other_scheduler_pods_are_untouched() {
     assert_eq!(decide(&pod, &settings(16384)), Decision::allow());
 }
 
-fn node_source(nodes: Value) -> VramSource {
-    let index = VramIndex::from_node_list(nodes.to_string().as_bytes()).unwrap();
-    VramSource::Nodes(SharedVramIndex::fixed(index, KaiMetrics::default()))
+fn node_index(nodes: Value) -> VramIndex {
+    VramIndex::from_node_list(nodes.to_string().as_bytes()).unwrap()
 }
 
 #[test]
@@ -511,17 +556,10 @@ fn basis_from_nodes_is_narrowed_by_placement() {
         {"metadata": {"name": "a100", "labels": {"nvidia.com/gpu.memory": "81920", "pool": "train"}}},
         {"metadata": {"name": "mig", "labels": {"nvidia.com/gpu.memory": "9728", "pool": "train", "nvidia.com/mig.strategy": "single"}}}
     ]});
-    let metrics = KaiMetrics::default();
-    let s = Settings {
-        kai: KaiSettings {
-            vram: node_source(nodes),
-            metrics: metrics.clone(),
-            ..KaiSettings::default()
-        },
-        ..Settings::default()
-    };
+    let index = node_index(nodes);
+    let s = Settings::default();
     let limit = |pod: &Value| {
-        let out = mutate(pod, &s);
+        let out = mutate_with(pod, &s, &index);
         env(
             &out.pod.spec.as_ref().unwrap().containers[0],
             "CUDA_DEVICE_MEMORY_LIMIT",
@@ -543,7 +581,7 @@ fn basis_from_nodes_is_narrowed_by_placement() {
     // No GPU node matches: allowed, injected, no cap, a warning, a metric.
     let mut nowhere = object(SMALL);
     nowhere["spec"]["nodeSelector"] = json!({"pool": "cpu"});
-    let out = mutate(&nowhere, &s);
+    let out = mutate_with(&nowhere, &s, &index);
     let c = &out.pod.spec.as_ref().unwrap().containers[0];
     assert!(env(c, "CUDA_DEVICE_MEMORY_LIMIT").is_empty());
     assert!(mounts(c).iter().any(|m| m.1 == "/etc/ld.so.preload"));
@@ -559,7 +597,17 @@ fn basis_from_nodes_is_narrowed_by_placement() {
         "{:?}",
         out.warnings
     );
-    // Counted once per review (mutate() reviews twice).
+    // Observed, not counted: the shell counts (once per review).
+    assert_eq!(
+        out.observations,
+        [
+            Observation::KaiCapSkipped(hami_webhook::basis::SkipReason::NoMatchingNode),
+            Observation::KaiPod(hami_webhook::mutation::KaiLimit::None)
+        ]
+    );
+    let metrics = KaiMetrics::default();
+    metrics.observe(&out.observations);
+    metrics.observe(&out.observations);
     let skipped = metrics
         .caps_skipped
         .get_or_create(&[("reason", "no-matching-node")])
@@ -576,14 +624,8 @@ fn no_source_and_unsynced_index_skip_the_cap_with_a_reason() {
         "{:?}",
         out.warnings
     );
-    let s = Settings {
-        kai: KaiSettings {
-            vram: VramSource::Nodes(SharedVramIndex::new(KaiMetrics::default())),
-            ..KaiSettings::default()
-        },
-        ..Settings::default()
-    };
-    let out = mutate(&object(SMALL), &s);
+    let s = Settings::default();
+    let out = mutate_with(&object(SMALL), &s, &NotSynced);
     assert!(
         out.warnings[0].contains("has not been read yet"),
         "{:?}",
@@ -594,7 +636,7 @@ fn no_source_and_unsynced_index_skip_the_cap_with_a_reason() {
     let a = pod["metadata"]["annotations"].as_object_mut().unwrap();
     a.remove("gpu-fraction");
     a.insert("gpu-memory".into(), json!("1234"));
-    let out = mutate(&pod, &s);
+    let out = mutate_with(&pod, &s, &NotSynced);
     assert!(out.warnings.is_empty());
     assert_eq!(
         env(
@@ -612,6 +654,7 @@ fn mutate_command_shows_the_projected_files() {
         &pod,
         hami_webhook::cli::MutateOutput::Pod,
         &settings(16384),
+        &NoBasis,
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
@@ -629,7 +672,8 @@ fn mutate_command_shows_the_projected_files() {
     // env delivery: no file to show.
     let mut s = settings(16384);
     s.kai.limit_delivery = hami_shared::values::LimitDelivery::Env;
-    let out = hami_webhook::cli::mutate_command(&pod, hami_webhook::cli::MutateOutput::Pod, &s);
+    let out =
+        hami_webhook::cli::mutate_command(&pod, hami_webhook::cli::MutateOutput::Pod, &s, &NoBasis);
     assert!(!out.stderr.contains("limits file"), "{}", out.stderr);
 }
 
@@ -641,4 +685,69 @@ fn spoofed_limits_annotation_is_removed_when_the_cap_is_skipped() {
     let out = mutate(&pod, &Settings::default());
     assert_eq!(annotation(&out.pod, "limits.hami.io/train"), None);
     assert_eq!(out.warnings.len(), 1);
+}
+
+#[test]
+fn duplicated_env_entries_follow_kubernetes_the_last_one_wins() {
+    // A KAI container with CUDA_TASK_PRIORITY=1 then CUDA_TASK_PRIORITY=2 runs with 2 (the last
+    // entry wins in Kubernetes); its limits file must say 2 as well, as the device plugin's would.
+    let mut pod = object(SMALL);
+    pod["spec"]["containers"][0]["env"] = json!([
+        {"name": "CUDA_TASK_PRIORITY", "value": "1"},
+        {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+        {"name": "CUDA_TASK_PRIORITY", "value": "2"},
+        {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"}
+    ]);
+    let out = mutate(&pod, &settings(16384));
+    let (container, text) = &out.files[0];
+    assert_eq!(container, "train");
+    assert_eq!(
+        text,
+        "CUDA_DEVICE_MEMORY_LIMIT=4096m\nCUDA_TASK_PRIORITY=2\nGPU_CORE_UTILIZATION_POLICY=disable\nHAMI_LIMITS_FORMAT=1\n"
+    );
+    assert!(parse(text).diagnostics.is_empty());
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+    // The same rule as the device plugin: the shared builder over the same entries.
+    let mut b = hami_shared::container::LimitsBuilder::new("train");
+    b.memory_limit(
+        None,
+        hami_shared::values::MemoryLimitMib::new(4096).unwrap(),
+    )
+    .unwrap();
+    b.copy_from_spec(&[
+        hami_shared::container::SpecEnv {
+            name: "CUDA_TASK_PRIORITY",
+            value: Some("1"),
+        },
+        hami_shared::container::SpecEnv {
+            name: "GPU_CORE_UTILIZATION_POLICY",
+            value: Some("force"),
+        },
+        hami_shared::container::SpecEnv {
+            name: "CUDA_TASK_PRIORITY",
+            value: Some("2"),
+        },
+        hami_shared::container::SpecEnv {
+            name: "GPU_CORE_UTILIZATION_POLICY",
+            value: Some("disable"),
+        },
+    ]);
+    assert_eq!(&b.finish().0.render(), text);
+    // A later valueFrom hides the earlier literal: nothing copied, a warning says why.
+    pod["spec"]["containers"][0]["env"] = json!([
+        {"name": "CUDA_TASK_PRIORITY", "value": "1"},
+        {"name": "CUDA_TASK_PRIORITY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    ]);
+    let out = mutate(&pod, &settings(16384));
+    assert!(
+        !out.files[0].1.contains("CUDA_TASK_PRIORITY"),
+        "{}",
+        out.files[0].1
+    );
+    assert_eq!(out.warnings.len(), 1);
+    assert!(
+        out.warnings[0].contains("CUDA_TASK_PRIORITY is set with valueFrom"),
+        "{:?}",
+        out.warnings
+    );
 }

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use hami_webhook::dev::{DevCerts, generate_localhost};
 use hami_webhook::server::{CertSource, run};
 use hami_webhook::settings::Settings;
+use hami_webhook::vram::{KaiMetrics, VramSource};
 use http::{Request, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -85,9 +86,17 @@ async fn start(certs: &DevCerts, tweak: impl FnOnce(&mut Settings)) -> Server {
         key: dir.path().join("tls.key"),
     };
     let task = tokio::spawn(async move {
-        run(Arc::new(settings), listener, ops, source, async move {
-            let _ = stopped.await;
-        })
+        run(
+            Arc::new(settings),
+            VramSource::None,
+            KaiMetrics::default(),
+            listener,
+            ops,
+            source,
+            async move {
+                let _ = stopped.await;
+            },
+        )
         .await
         .unwrap();
     });
@@ -582,6 +591,8 @@ async fn not_ready_until_a_certificate_loads() {
     let task = tokio::spawn(async move {
         run(
             Arc::new(settings),
+            VramSource::None,
+            KaiMetrics::default(),
             listener,
             ops,
             CertSource::Files { cert, key },

@@ -14,18 +14,13 @@
 //! The webhook owns every key under `limits.hami.io/`: on CREATE each is set to what it computed,
 //! and any other key under that prefix is removed, so a user cannot supply their own file.
 
-use std::borrow::Cow;
-
+use hami_shared::container::{LimitsBuilder, PlanWarning};
 use hami_shared::limits_file::LimitsFile;
-use hami_shared::names::{
-    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_TASK_PRIORITY,
-    ENV_GPU_CORE_UTILIZATION_POLICY, OVERRIDE_ENV_PATH,
-};
+use hami_shared::names::OVERRIDE_ENV_PATH;
 use hami_shared::values::{LimitDelivery, MemoryLimitMib};
 use serde_json::{Value, json};
 
-use crate::decide::{Denial, PodMutation};
-use crate::patch::{PatchOp, PatchOpKind};
+use crate::mutation::{Denial, PodMutation, ProjectedFile};
 use crate::pod::ContainerRef;
 
 /// Prefix of the webhook-owned annotation keys (`limits.hami.io/<container>`).
@@ -34,13 +29,6 @@ pub const ANNOTATION_PREFIX: &str = "limits.hami.io/";
 pub const LIMITS_VOLUME: &str = "hami-limits";
 /// `defaultMode` of the projected files: 0444.
 pub const FILE_MODE: u32 = 0o444;
-
-/// Variables copied into the file from the container's literal `env`, when set there.
-pub const COPIED_VARS: [&str; 3] = [
-    ENV_CUDA_TASK_PRIORITY,
-    ENV_GPU_CORE_UTILIZATION_POLICY,
-    ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
-];
 
 /// `limits.hami.io/<container>`.
 #[must_use]
@@ -54,53 +42,21 @@ pub fn field_path(container: &str) -> String {
     format!("metadata.annotations['{ANNOTATION_PREFIX}{container}']")
 }
 
-/// Whether `s` is a DNS-1123 label (what Kubernetes requires of a container name).
-#[must_use]
-pub fn is_dns1123_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-'
-}
-
-/// The limits file for one container: the memory limit, the format line, and the copied
-/// variables that the shared crate accepts and HAMi-core reads as meant. Returns the file and a
+/// The limits file for one container, built by the shared [`LimitsBuilder`] as the device plugin
+/// builds its own: the memory limit, the format line, and the variables of
+/// [`hami_shared::container::COPIED_FROM_SPEC`] copied from the container's `env` (the last entry
+/// of a name wins, as in Kubernetes) when HAMi-core reads them as meant. Returns the file and a
 /// warning per variable left out.
 #[must_use]
 pub fn limits_file(
     container: &crate::pod::Container<'_>,
     limit: MemoryLimitMib,
-) -> (LimitsFile, Vec<String>) {
-    let mut file = LimitsFile::new();
-    let mut warnings = Vec::new();
-    if let Err(e) = file.insert(ENV_CUDA_DEVICE_MEMORY_LIMIT, limit.to_string()) {
-        // MemoryLimitMib always renders the safe form; keep the error visible all the same.
-        warnings.push(e.to_string());
-    }
-    for name in COPIED_VARS {
-        let Some(var) = container.env_var(name) else {
-            continue;
-        };
-        let Some(value) = var.value.as_deref().filter(|_| !var.is_value_from()) else {
-            continue;
-        };
-        let problems = hami_shared::hami_core::check_entry(name, value);
-        let refused = if problems.is_empty() {
-            file.insert(name, value).err().map(|e| e.to_string())
-        } else {
-            Some(problems.join("; "))
-        };
-        if let Some(why) = refused {
-            warnings.push(format!(
-                "container {:?}: {name}={value:?} left out of its limits file: {why}",
-                container.name
-            ));
-        }
-    }
-    (file, warnings)
+) -> (LimitsFile, Vec<PlanWarning>) {
+    let mut builder = LimitsBuilder::new(&container.name);
+    // `None`: `CUDA_DEVICE_MEMORY_LIMIT`, every GPU of the container; cannot fail.
+    let _ = builder.memory_limit(None, limit);
+    builder.copy_from_spec(&container.spec_env());
+    builder.finish()
 }
 
 /// In `file` mode, give each container in `limited` its limits file: the annotation, one item of
@@ -115,12 +71,10 @@ pub fn limits_file(
 pub fn deliver(
     m: &mut PodMutation<'_, '_>,
     limited: &[ContainerRef],
-    limit_mib: u64,
+    limit: MemoryLimitMib,
     delivery: LimitDelivery,
 ) -> Result<(), Denial> {
     let pod = m.pod();
-    let limit = MemoryLimitMib::new(limit_mib)
-        .map_err(|e| m.deny(format_args!("memory limit {limit_mib} MiB: {e}")))?;
     for &at in limited {
         let Some(c) = pod.container(at) else { continue };
         if let Some(mnt) = c.volume_mounts.as_deref().and_then(|ms| {
@@ -139,7 +93,7 @@ pub fn deliver(
     if delivery == LimitDelivery::File {
         for &at in limited {
             let Some(c) = pod.container(at) else { continue };
-            if !is_dns1123_label(&c.name) {
+            if !hami_shared::container::is_dns1123_label(&c.name) {
                 return Err(m.deny(format_args!(
                     "container name {:?} is not a DNS-1123 label",
                     c.name
@@ -147,7 +101,7 @@ pub fn deliver(
             }
             let (file, warnings) = limits_file(c, limit);
             for w in warnings {
-                m.warn(w);
+                m.warn(w.to_string());
             }
             wanted.push((at, c.name.to_string(), file.render()));
         }
@@ -204,6 +158,9 @@ pub fn deliver(
             json!({"name": LIMITS_VOLUME, "mountPath": OVERRIDE_ENV_PATH, "subPath": name, "readOnly": true}),
         );
     }
+    for (_, container, text) in wanted {
+        m.project(ProjectedFile { container, text });
+    }
     Ok(())
 }
 
@@ -241,37 +198,6 @@ fn item_pairs(items: &Value) -> Vec<(String, String)> {
         .unwrap_or_default();
     pairs.sort();
     pairs
-}
-
-/// The limits files a patch would project: (container name, file text), in patch order. For
-/// `hami-webhook mutate`.
-#[must_use]
-pub fn projected_files(ops: &[PatchOp]) -> Vec<(String, String)> {
-    let escaped_prefix = ANNOTATION_PREFIX.replace('/', "~1");
-    let mut out = Vec::new();
-    for op in ops {
-        if op.op != PatchOpKind::Add {
-            continue;
-        }
-        if op.path == "/metadata/annotations" {
-            if let Some(map) = op.value.as_object() {
-                for (k, v) in map {
-                    if let (Some(name), Some(text)) =
-                        (k.strip_prefix(ANNOTATION_PREFIX), v.as_str())
-                    {
-                        out.push((name.to_owned(), text.to_owned()));
-                    }
-                }
-            }
-        } else if let Some(token) = op.path.strip_prefix("/metadata/annotations/")
-            && let Some(name) = token.strip_prefix(escaped_prefix.as_str())
-            && let Some(text) = op.value.as_str()
-        {
-            let name: Cow<'_, str> = Cow::Owned(name.replace("~1", "/").replace("~0", "~"));
-            out.push((name.into_owned(), text.to_owned()));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -317,7 +243,7 @@ mod tests {
             longest.as_str(),
             with_dashes.as_str(),
         ] {
-            assert!(is_dns1123_label(name), "{name}");
+            assert!(hami_shared::container::is_dns1123_label(name), "{name}");
             let key = annotation_key(name);
             assert!(is_valid_annotation_key(&key), "{key}");
         }
@@ -325,28 +251,5 @@ mod tests {
         assert!(!is_valid_annotation_key(&format!(
             "hami.io/limits-{longest}"
         )));
-        assert!(!is_dns1123_label("Main"));
-        assert!(!is_dns1123_label(&"a".repeat(64)));
-        assert!(!is_dns1123_label("-a"));
-    }
-
-    #[test]
-    fn projected_files_reads_both_patch_shapes() {
-        let ops = vec![
-            PatchOp {
-                op: PatchOpKind::Add,
-                path: "/metadata/annotations".into(),
-                value: json!({"limits.hami.io/a": "X=1\n", "other": "y"}),
-            },
-            PatchOp {
-                op: PatchOpKind::Add,
-                path: "/metadata/annotations/limits.hami.io~1b".into(),
-                value: json!("Y=2\n"),
-            },
-        ];
-        assert_eq!(
-            projected_files(&ops),
-            vec![("a".into(), "X=1\n".into()), ("b".into(), "Y=2\n".into())]
-        );
     }
 }

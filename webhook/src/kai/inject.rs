@@ -4,7 +4,7 @@ use hami_shared::names::ENV_CUDA_DEVICE_MEMORY_LIMIT;
 use hami_shared::values::MemoryLimitMib;
 use serde_json::json;
 
-use crate::decide::{Denial, PodMutation};
+use crate::mutation::{Denial, PodMutation};
 use crate::pod::{Container, ContainerRef};
 
 /// The hostPath volume holding HAMi-core; the same name KAI-resource-isolator uses, so that the
@@ -130,12 +130,13 @@ pub fn limit_state(container: &Container<'_>, value: &str) -> LimitState {
         .as_deref()
         .unwrap_or_default()
         .iter()
-        .filter(|e| is_memory_limit_var(&e.name))
-        .peekable();
+        .filter(|e| is_memory_limit_var(&e.name));
     let Some(first) = vars.next() else {
         return LimitState::Unset;
     };
-    let only = vars.peek().is_none();
+    let only = vars.next().is_none();
+    // Kubernetes: the last entry of a name wins; show the value that takes effect.
+    let shown = container.env_var(&first.name).unwrap_or(first);
     if only
         && first.name == ENV_CUDA_DEVICE_MEMORY_LIMIT
         && !first.is_value_from()
@@ -143,21 +144,24 @@ pub fn limit_state(container: &Container<'_>, value: &str) -> LimitState {
     {
         return LimitState::Ours;
     }
-    let how = if first.is_value_from() {
+    let how = if shown.is_value_from() {
         "from valueFrom".to_owned()
     } else {
-        format!("to {:?}", first.value.as_deref().unwrap_or(""))
+        format!("to {:?}", shown.value.as_deref().unwrap_or(""))
     };
-    LimitState::Own(format!("{} {how}", first.name))
+    LimitState::Own(format!("{} {how}", shown.name))
 }
 
 /// Add `CUDA_DEVICE_MEMORY_LIMIT=<mib>m` to every container and init container that does not set
-/// a memory-limit variable of its own. Returns the containers whose limit is the webhook's (added
-/// now, or already present from an earlier review).
+/// a memory-limit variable of its own. Returns the limit and the containers whose limit is the
+/// webhook's (added now, or already present from an earlier review).
 ///
 /// # Errors
 /// [`Denial`] when `mib` is not a limit HAMi-core can hold (0 or too large).
-pub fn memory_limit(m: &mut PodMutation<'_, '_>, mib: u64) -> Result<Vec<ContainerRef>, Denial> {
+pub fn memory_limit(
+    m: &mut PodMutation<'_, '_>,
+    mib: u64,
+) -> Result<(MemoryLimitMib, Vec<ContainerRef>), Denial> {
     let limit = MemoryLimitMib::new(mib)
         .map_err(|e| m.deny(format_args!("memory limit {mib} MiB: {e}")))?;
     // Re-formatted from the number: never the annotation's text (`04000m` would be octal).
@@ -180,7 +184,7 @@ pub fn memory_limit(m: &mut PodMutation<'_, '_>, mib: u64) -> Result<Vec<Contain
             )),
         }
     }
-    Ok(limited)
+    Ok((limit, limited))
 }
 
 #[cfg(test)]

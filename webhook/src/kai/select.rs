@@ -5,11 +5,10 @@ use hami_shared::names::{
     ANNOTATION_KAI_RESOURCE_ISOLATOR_INJECT, LABEL_KAI_RESOURCE_ISOLATOR_WEBHOOK,
 };
 
-use super::quantity::{Fraction, parse_gpu_memory};
-use super::{KaiSettings, PreloadContainers};
-use crate::decide::{Denial, PodMutation};
-use crate::hami::DEFAULT_SCHEDULER;
-use crate::pod::{ContainerKind, ContainerRef, Pod};
+use crate::kai::quantity::{Fraction, parse_gpu_memory};
+use crate::kai::settings::{KaiSettings, PreloadContainers};
+use crate::mutation::{Denial, PodMutation};
+use crate::pod::{ContainerKind, ContainerRef, DEFAULT_SCHEDULER, Pod};
 
 /// The KAI annotations of a selected pod, unvalidated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

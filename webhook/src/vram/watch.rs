@@ -1,0 +1,132 @@
+//! The node watch: keeps a [`LiveVramIndex`] current from the cluster's GPU Nodes.
+//!
+//! The watch is metadata-only (`PartialObjectMetadata`) with the GFD label selector, so it needs
+//! `list`/`watch` on nodes and transfers neither status nor spec. A lost watch resumes or re-lists
+//! on its own (kube's watcher, with backoff); a re-list builds a fresh index and swaps it in when
+//! complete, so lookups never see a half-listed cluster.
+
+use std::sync::Arc;
+
+use hami_shared::names::LABEL_GPU_MEMORY;
+
+use crate::vram::index::{IndexChange, VramIndex, parse_gpu_memory_label};
+use crate::vram::live::LiveVramIndex;
+
+/// The readiness condition the node watch sets once the first list is read.
+pub const READY_NODES: &str = "nodes";
+
+/// The server's node watch: build a client from the environment (in-cluster service account or
+/// kubeconfig), retrying with backoff until it works, then [`run_node_watch`] until `shutdown`.
+/// `/readyz` stays false (condition [`READY_NODES`]) until the first list is read.
+pub async fn watch_cluster(
+    index: Arc<LiveVramIndex>,
+    label_selector: String,
+    readiness: hami_ops::Readiness,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let mut delay = std::time::Duration::from_millis(500);
+    let client = loop {
+        match kube::Client::try_default().await {
+            Ok(c) => break c,
+            Err(e) => {
+                index.metrics().watch_errors.inc();
+                tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64, "no Kubernetes client for the node watch; gpu-fraction caps are skipped until it works (or set HAMI_KAI__PER_GPU_VRAM_MIB)");
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(std::time::Duration::from_secs(30));
+            }
+        }
+    };
+    tracing::info!(label_selector = %label_selector, "watching GPU nodes (metadata only)");
+    run_node_watch(
+        client,
+        index,
+        &label_selector,
+        |synced| readiness.set(READY_NODES, synced),
+        shutdown,
+    )
+    .await;
+}
+
+/// Keep `index` current from the cluster's Nodes carrying `label_selector` (metadata only) until
+/// `shutdown`. Calls `on_synced(true)` after each complete list. Errors are logged and counted;
+/// the watch resumes or re-lists with backoff.
+pub async fn run_node_watch(
+    client: kube::Client,
+    index: Arc<LiveVramIndex>,
+    label_selector: &str,
+    on_synced: impl Fn(bool) + Send,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::core::v1::Node as K8sNode;
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    // `PartialObjectMeta` makes every list and watch request metadata-only.
+    let api: kube::Api<PartialObjectMeta<K8sNode>> = kube::Api::all(client);
+    let config = watcher::Config::default().labels(label_selector);
+    let stream = watcher(api, config).default_backoff();
+    tokio::pin!(stream);
+    tokio::pin!(shutdown);
+    let mut pending: Option<VramIndex> = None;
+    loop {
+        let event = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            e = stream.next() => e,
+        };
+        let Some(event) = event else { break };
+        match event {
+            Ok(watcher::Event::Init) => pending = Some(VramIndex::new()),
+            Ok(watcher::Event::InitApply(obj)) => {
+                let p = pending.get_or_insert_with(VramIndex::new);
+                apply(p, &obj.metadata);
+            }
+            Ok(watcher::Event::InitDone) => {
+                let fresh = pending.take().unwrap_or_default();
+                tracing::info!(
+                    nodes = fresh.len(),
+                    min_mib = fresh.min_mib().unwrap_or(0),
+                    invalid_labels = fresh.invalid_labels(),
+                    "GPU node list read"
+                );
+                index.replace_then(fresh, || on_synced(true));
+            }
+            Ok(watcher::Event::Apply(obj)) => {
+                index.update(|i| apply(i, &obj.metadata));
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                let name = obj.metadata.name.as_deref().unwrap_or("");
+                index.update(|i| i.remove(name));
+            }
+            Err(e) => {
+                index.metrics().watch_errors.inc();
+                tracing::warn!(error = %e, "node watch error; resuming");
+            }
+        }
+    }
+}
+
+fn apply(
+    index: &mut VramIndex,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> IndexChange {
+    let name = meta.name.as_deref().unwrap_or("");
+    let labels = meta.labels.as_ref();
+    if let Some(v) = labels.and_then(|l| l.get(LABEL_GPU_MEMORY))
+        && let Err(e) = parse_gpu_memory_label(v)
+    {
+        tracing::warn!(node = name, error = %e, "GPU memory label ignored");
+    }
+    index.upsert(
+        name,
+        labels
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    )
+}
