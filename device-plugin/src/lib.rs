@@ -8,15 +8,16 @@
 //!   ([`service::AllocateHandler`], [`service::PendingPodDevices`]);
 //! - [`plugin`]: socket, registration, kubelet restarts, shutdown;
 //! - [`node_register`]: the `hami.io/node-nvidia-register` handshake with the HAMi scheduler;
-//! - [`pending_pod`]: the pod being admitted, from the API server;
-//! - [`settings`] / [`cli`]: configuration and the command line;
-//! - [`metrics`]: Prometheus metrics, readiness, `/healthz` `/readyz` `/metrics`;
+//! - [`settings`]: configuration, read once at start; [`cli`]: the command line (parsing only);
+//! - [`app`]: the composition root of `run` and `inventory`;
+//! - [`metrics`]: Prometheus metrics (served with `/healthz` and `/readyz` by `hami_ops`);
 //! - [`allocation`]: `Allocate` for HAMi-core (pod locator, device codec, plan, limits file,
 //!   collector of dead pods' files, the `plan` dry run);
 //! - [`install_hook`]: `install-hook`, HAMi-core and the preload library into the hook path.
 
 pub mod allocation;
 pub mod api;
+pub mod app;
 pub mod cli;
 pub mod devices;
 pub mod install_hook;
@@ -24,7 +25,6 @@ pub mod inventory;
 pub mod metrics;
 pub mod node_register;
 pub mod nvml;
-pub mod pending_pod;
 pub mod plugin;
 pub mod service;
 pub mod settings;

@@ -1,35 +1,25 @@
-//! `hami-device-plugin`: parses the command line, installs logging and signal handling, and hands
-//! over to the library.
+//! `hami-device-plugin`: parses the command line, installs logging, starts the runtime with the
+//! signal handlers installed first, and hands over to the library ([`hami_device_plugin::app`]).
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use hami_device_plugin::cli::{self, Cli, CliError, Command};
+use hami_device_plugin::app::{self, AppError};
+use hami_device_plugin::cli::{Cli, Command};
 
-/// Installs the SIGTERM/SIGINT handlers now (a signal that arrives while the plugin is still
-/// starting must not kill it with the socket left behind) and returns a future that completes on
-/// the first of them.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
-        }
-    })
+fn print_json(value: &impl serde::Serialize) {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => println!("{text}"),
+        Err(error) => eprintln!("hami-device-plugin: {error}"),
+    }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let subscriber = cli::log_subscriber(
-        cli.log_format,
-        std::io::stderr,
-        std::io::IsTerminal::is_terminal(&std::io::stderr()),
-    );
-    if let Err(error) = tracing::subscriber::set_global_default(subscriber) {
-        eprintln!("hami-device-plugin: cannot install logging: {error}");
+    let cli = match Cli::parse_args(std::env::args_os()) {
+        Ok(cli) => cli,
+        Err(error) => error.exit(),
+    };
+    if let Err(error) = hami_ops::init_logging(cli.log_format) {
+        eprintln!("hami-device-plugin: {error}");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -44,27 +34,23 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => {
-                let shutdown = shutdown_signal().map_err(CliError::Signals)?;
-                cli::run(args, hami_device_plugin::allocation::make_handler, shutdown).await
+                // First thing: a SIGTERM during start-up must not kill the plugin with its
+                // socket left behind. (The one-shot commands keep the default: a signal ends them.)
+                let shutdown = hami_ops::shutdown_signal().map_err(AppError::Signals)?;
+                app::run(args, app::make_allocate_handler, shutdown).await
             }
-            Command::Inventory(args) => cli::inventory_report(&args.source).map(|report| {
+            Command::Inventory(args) => app::inventory_report(&args.source).map(|report| {
                 if args.json {
-                    match serde_json::to_string_pretty(&report) {
-                        Ok(text) => println!("{text}"),
-                        Err(error) => eprintln!("hami-device-plugin: {error}"),
-                    }
+                    print_json(&report);
                 } else {
-                    print!("{}", cli::render_report(&report));
+                    print!("{}", app::render_report(&report));
                 }
             }),
             Command::Plan(args) => hami_device_plugin::allocation::dry_run::run_plan(&args)
-                .map_err(CliError::from)
-                .map(|report| match serde_json::to_string_pretty(&report) {
-                    Ok(text) => println!("{text}"),
-                    Err(error) => eprintln!("hami-device-plugin: {error}"),
-                }),
+                .map_err(AppError::from)
+                .map(|report| print_json(&report)),
             Command::InstallHook(args) => hami_device_plugin::install_hook::install_hook(&args)
-                .map_err(CliError::from)
+                .map_err(AppError::from)
                 .map(|report| {
                     if report.removed_temporaries > 0 {
                         tracing::info!(

@@ -1,4 +1,4 @@
-//! Prometheus metrics, readiness, and the plain-HTTP `/healthz`, `/readyz`, `/metrics` server.
+//! Prometheus metrics of the plugin (served by `hami_ops::router` with `/healthz` and `/readyz`).
 //!
 //! Labels are low-cardinality by construction: outcomes, kinds, health, delivery mode and source
 //! are fixed sets. Counters are created once, so an observation costs a few atomic adds. The
@@ -6,14 +6,9 @@
 //! report to a shared [`Metrics`].
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use axum::Router;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::routing::get;
 use hami_shared::values::{DeliverySource, LimitDelivery};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -21,7 +16,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
 
 type Label = [(&'static str, &'static str); 1];
 type Label2 = [(&'static str, &'static str); 2];
@@ -369,88 +363,6 @@ impl Metrics {
     }
 }
 
-/// Ready once the plugin has registered with kubelet and its socket exists; not ready while it
-/// binds and registers again.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness {
-    registered: Arc<AtomicBool>,
-    socket: Arc<std::sync::OnceLock<PathBuf>>,
-}
-
-impl Readiness {
-    /// Not ready.
-    #[must_use]
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Record the plugin socket's path (checked by [`Self::pending`]).
-    pub fn set_socket(&self, path: PathBuf) {
-        let _ = self.socket.set(path);
-    }
-
-    /// Registered with kubelet (true) or binding / registering again (false).
-    pub fn set_registered(&self, registered: bool) {
-        self.registered.store(registered, Ordering::Release);
-    }
-
-    /// Why not ready; `None` when ready.
-    #[must_use]
-    pub fn pending(&self) -> Option<&'static str> {
-        if !self.registered.load(Ordering::Acquire) {
-            return Some("not registered with kubelet");
-        }
-        match self.socket.get() {
-            Some(path) if path.exists() => None,
-            _ => Some("plugin socket missing"),
-        }
-    }
-
-    /// Whether ready.
-    #[must_use]
-    pub fn is_ready(&self) -> bool {
-        self.pending().is_none()
-    }
-}
-
-/// The health and metrics router: `/healthz`, `/readyz`, `/metrics`.
-pub fn ops_router(metrics: Arc<Metrics>, readiness: Readiness) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let readiness = readiness.clone();
-                async move {
-                    match readiness.pending() {
-                        None => (StatusCode::OK, "ready\n".to_owned()),
-                        Some(why) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!("not ready: {why}\n"),
-                        ),
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = Arc::clone(&metrics);
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            HeaderValue::from_static(
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            ),
-                        )],
-                        metrics.encode(),
-                    )
-                }
-            }),
-        )
-}
-
 /// Where `--metrics-listen` says to serve: `None` for an empty value or `off`.
 ///
 /// # Errors
@@ -465,19 +377,9 @@ pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, String> {
         .map_err(|e| format!("--metrics-listen={value}: not HOST:PORT, empty or off ({e})"))
 }
 
-/// Serve [`ops_router`] on `listener` until `shutdown` completes.
-///
-/// # Errors
-/// I/O errors from the listener.
-pub async fn serve(
-    listener: TcpListener,
-    metrics: Arc<Metrics>,
-    readiness: Readiness,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, ops_router(metrics, readiness))
-        .with_graceful_shutdown(shutdown)
-        .await
+/// The metrics renderer for [`hami_ops::router`].
+pub fn renderer(metrics: Arc<Metrics>) -> hami_ops::MetricsRenderer {
+    Arc::new(move || metrics.encode())
 }
 
 #[cfg(test)]
@@ -520,21 +422,6 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
-    }
-
-    #[test]
-    fn readiness_needs_registration_and_the_socket() {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("nvidia-gpu.sock");
-        let r = Readiness::new();
-        r.set_socket(socket.clone());
-        assert_eq!(r.pending(), Some("not registered with kubelet"));
-        r.set_registered(true);
-        assert_eq!(r.pending(), Some("plugin socket missing"));
-        std::fs::write(&socket, "").unwrap();
-        assert!(r.is_ready());
-        r.set_registered(false);
-        assert!(!r.is_ready());
     }
 
     #[test]

@@ -13,8 +13,9 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::api::{self, v1beta1};
-use crate::metrics::{Metrics, Readiness, ReregisterReason};
+use crate::metrics::{Metrics, ReregisterReason};
 use crate::service::{DevicePluginService, SharedState};
+use hami_ops::Readiness;
 
 /// Where and how the plugin meets kubelet.
 #[derive(Debug, Clone)]
@@ -207,7 +208,19 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), LifecycleError> {
     let metrics = Arc::new(Metrics::new());
-    serve_observed(lifecycle, state, &metrics, &Readiness::new(), shutdown).await
+    let ready = readiness(lifecycle.socket_path());
+    serve_observed(lifecycle, state, &metrics, &ready, shutdown).await
+}
+
+/// The readiness condition set while the plugin is registered with kubelet.
+pub const READY_REGISTERED: &str = "registration with kubelet";
+/// The readiness probe: the plugin's socket exists.
+pub const READY_SOCKET: &str = "plugin socket";
+
+/// The plugin's readiness: registered with kubelet (set by [`serve_observed`]) and its socket
+/// `socket` present (probed on every `/readyz`).
+pub fn readiness(socket: PathBuf) -> Readiness {
+    Readiness::new(&[READY_REGISTERED]).with_probe(READY_SOCKET, move || socket.exists())
 }
 
 /// [`serve`], counting registrations in `metrics` and keeping `readiness` current (ready from a
@@ -221,9 +234,8 @@ pub async fn serve_observed(
 ) -> Result<(), LifecycleError> {
     tokio::pin!(shutdown);
     let socket = lifecycle.socket_path();
-    readiness.set_socket(socket.clone());
     loop {
-        readiness.set_registered(false);
+        readiness.set(READY_REGISTERED, false);
         let bound = bind(&lifecycle, &state)?;
         tracing::info!(socket = %socket.display(), resource = %lifecycle.resource_name, "serving the device plugin");
         // Register, with backoff, until kubelet accepts or something forces a re-bind.
@@ -233,7 +245,7 @@ pub async fn serve_observed(
             match register(&lifecycle, state.options).await {
                 Ok(()) => {
                     metrics.observe_registration(true);
-                    readiness.set_registered(true);
+                    readiness.set(READY_REGISTERED, true);
                     kubelet = identity(&lifecycle.kubelet_socket());
                     tracing::info!(kubelet = %lifecycle.kubelet_socket().display(), resource = %lifecycle.resource_name, "registered with kubelet");
                     break None;
@@ -269,7 +281,7 @@ pub async fn serve_observed(
             },
         };
         let ours = bound.identity;
-        readiness.set_registered(false);
+        readiness.set(READY_REGISTERED, false);
         bound.stop().await;
         match event {
             Event::Shutdown => {

@@ -5,11 +5,37 @@
 use std::path::Path;
 
 use hami_shared::config::{
-    ConfigError, DeviceConfig, NodeConfigEntry, NvidiaConfig, OperatingMode,
+    ConfigError, DeviceConfig, FileText, NodeConfigEntry, NodeConfigFile, NvidiaConfig,
+    OperatingMode,
 };
 
 use crate::inventory::DeviceFilter;
 use crate::node_register::Scaling;
+
+/// Reads a configuration file (the contract crate parses text and does no I/O).
+pub fn read_config_file(path: &Path) -> Result<String, hami_shared::config::ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| hami_shared::config::ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The global device config from `config` and the process's `HAMI_NVIDIA__*` variables.
+pub fn load_device_config(
+    config: Option<&Path>,
+) -> Result<DeviceConfig, hami_shared::config::ConfigError> {
+    let text = config.map(read_config_file).transpose()?;
+    let file = config
+        .zip(text.as_deref())
+        .map(|(path, text)| FileText { path, text });
+    DeviceConfig::load_from_env(file, std::env::vars())
+}
+
+/// The per-node config file.
+pub fn load_node_config(path: &Path) -> Result<NodeConfigFile, hami_shared::config::ConfigError> {
+    let text = read_config_file(path)?;
+    NodeConfigFile::parse(FileText { path, text: &text })
+}
 
 /// Settings after the node config is applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,10 +126,8 @@ impl PluginSettings {
         node_config: Option<&Path>,
         node_name: Option<&str>,
     ) -> Result<Self, SettingsError> {
-        let global = crate::allocation::config::load_device_config(config)?;
-        let nodes = node_config
-            .map(crate::allocation::config::load_node_config)
-            .transpose()?;
+        let global = load_device_config(config)?;
+        let nodes = node_config.map(load_node_config).transpose()?;
         let entry = match (&nodes, node_name) {
             (Some(nodes), Some(name)) => nodes.for_node(name),
             _ => None,

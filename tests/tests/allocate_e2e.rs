@@ -263,7 +263,7 @@ async fn node_config_and_pod_annotation_overrides() {
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].reason.as_deref(), Some("InvalidLimitDelivery"));
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
-    let message = events[0].message.clone().unwrap();
+    let message = events[0].note.clone().unwrap();
     assert!(
         message.contains("\"Env\"") && message.contains("node-config"),
         "{message}"
@@ -307,7 +307,7 @@ async fn read_only_containers_folder_fails_the_allocation() {
     let events = h.events("doomed").await;
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].reason.as_deref(), Some("AllocationFailed"));
-    let message = events[0].message.clone().unwrap();
+    let message = events[0].note.clone().unwrap();
     assert!(message.contains(&containers_s), "{message}");
     assert!(
         message.contains("ot a directory") || message.contains("exists"),

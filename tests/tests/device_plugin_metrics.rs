@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use allocate_support::{Ctr, GPU_A, GPU_B, NODE, NS, WAIT, apply_webhook, dev, gpu_pod, uid};
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
-use hami_device_plugin::cli::{Cli, Command, RunOptions};
+use hami_device_plugin::app::RunOptions;
+use hami_device_plugin::cli::{Cli, Command};
 use hami_tests::apiserver::ApiServer;
 use hami_tests::kubelet::FakeKubelet;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -181,13 +182,13 @@ async fn probes_and_counters_on_the_run_path() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let plugin = tokio::spawn(hami_device_plugin::cli::run_with_options(
+    let plugin = tokio::spawn(hami_device_plugin::app::run_with_options(
         args,
         RunOptions {
             client: Some(server.client()),
             metrics_listener: Some(listener),
         },
-        hami_device_plugin::allocation::make_handler,
+        hami_device_plugin::app::make_allocate_handler,
         async {
             let _ = stopped.await;
         },
@@ -210,7 +211,7 @@ async fn probes_and_counters_on_the_run_path() {
     assert!(kubelet_dir.join("nvidia-gpu.sock").exists());
     let (status, body) = get(addr, "/readyz").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("not registered with kubelet"), "{body}");
+    assert!(body.contains("registration with kubelet"), "{body}");
     let (status, body) = get(addr, "/healthz").await;
     assert_eq!((status, body.as_str()), (200, "ok\n"));
 

@@ -7,7 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_device_plugin::cli::{Cli, CliError, Command, RunContext};
+use hami_device_plugin::app::{AppError, RunContext};
+use hami_device_plugin::cli::{Cli, Command};
 use hami_device_plugin::devices::DeviceTable;
 use hami_device_plugin::inventory::{DeviceFilter, Gpu};
 use hami_device_plugin::node_register::{
@@ -283,10 +284,10 @@ async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
         panic!("not run")
     };
     let (stop, stopped) = oneshot::channel::<()>();
-    let make = |_: &RunContext| -> Result<Arc<dyn AllocateHandler>, CliError> {
+    let make = |_: &RunContext| -> Result<Arc<dyn AllocateHandler>, AppError> {
         Ok(Arc::new(VisibleDevicesOnly))
     };
-    let plugin = tokio::spawn(hami_device_plugin::cli::run_with_client(
+    let plugin = tokio::spawn(hami_device_plugin::app::run_with_client(
         args,
         Some(server.client()),
         make,

@@ -8,11 +8,11 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{
-    DeviceConfig, FileText, NodeConfigEntry, NodeConfigFile, NvidiaConfig, OperatingMode,
-};
+use hami_shared::config::{NodeConfigEntry, NvidiaConfig, OperatingMode};
 
 use super::plan::AllocationSettings;
+use crate::settings::PluginSettings;
+use crate::settings::{load_device_config, load_node_config};
 
 /// Configuration errors.
 #[derive(Debug, thiserror::Error)]
@@ -67,29 +67,27 @@ pub fn check_operating_mode(
     Ok(())
 }
 
-/// Reads a configuration file (the contract crate parses text and does no I/O).
-pub fn read_config_file(path: &Path) -> Result<String, hami_shared::config::ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| hami_shared::config::ConfigError::Read {
-        path: path.to_path_buf(),
-        source,
+/// The allocation settings from the plugin's settings, loaded once at start (the node's entry
+/// applied over the global section); dynamic MIG refused.
+pub fn from_plugin_settings(
+    settings: &PluginSettings,
+    node_config: Option<&Path>,
+    node_name: &str,
+    hook_path: &Path,
+) -> Result<AllocationSettings, ConfigError> {
+    if let Some(path) = node_config {
+        check_operating_mode(settings.node.as_ref(), path, node_name)?;
+    }
+    let nvidia = &settings.nvidia;
+    Ok(AllocationSettings {
+        hook_path: hook_path.to_path_buf(),
+        memory_scaling: nvidia.device_memory_scaling,
+        disable_core_limit: nvidia.disable_core_limit,
+        lib_cuda_log_level: nvidia.lib_cuda_log_level,
+        node_delivery: settings.node.as_ref().and_then(|n| n.limit_delivery),
+        // `with_node` leaves `limitDelivery` as the global section has it.
+        global_delivery: nvidia.limit_delivery,
     })
-}
-
-/// The global device config from `config` and the process's `HAMI_NVIDIA__*` variables.
-pub fn load_device_config(
-    config: Option<&Path>,
-) -> Result<DeviceConfig, hami_shared::config::ConfigError> {
-    let text = config.map(read_config_file).transpose()?;
-    let file = config
-        .zip(text.as_deref())
-        .map(|(path, text)| FileText { path, text });
-    DeviceConfig::load_from_env(file, std::env::vars())
-}
-
-/// The per-node config file.
-pub fn load_node_config(path: &Path) -> Result<NodeConfigFile, hami_shared::config::ConfigError> {
-    let text = read_config_file(path)?;
-    NodeConfigFile::parse(FileText { path, text: &text })
 }
 
 /// Loads the allocation settings for `node_name` (defaults for what the files do not set).
@@ -114,6 +112,7 @@ pub fn load_allocation_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hami_shared::config::{DeviceConfig, FileText};
     use hami_shared::values::LimitDelivery;
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use super::config::{ConfigError, load_allocation_settings};
-use super::executor::{DiskError, execute_plan};
+use super::executor::disk::{DiskError, execute_plan};
 use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_pod};
 
 /// `plan` flags.
@@ -110,7 +110,7 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
     let mut written = Vec::new();
     if args.write {
         for plan in &containers {
-            let (w, _) = execute_plan(plan)?;
+            let w = execute_plan(plan)?;
             written.extend(w.dir);
             written.extend(w.file);
         }

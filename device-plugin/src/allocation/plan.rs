@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 
 use super::codec::{ContainerDevice, ContainerSlot, PodDevices};
-use crate::pending_pod::annotation;
+use super::pod_lookup::pod::annotation;
 
 /// Settings the plan depends on (the node's resolved device config).
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -16,16 +16,17 @@ use std::time::Duration;
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::allocation::executor::{Allocator, TimingLog};
 use hami_device_plugin::allocation::plan::AllocationSettings;
-use hami_device_plugin::allocation::pod_cache::PodCache;
+use hami_device_plugin::allocation::pod_lookup::cache::PodCache;
+use hami_device_plugin::allocation::pod_lookup::locator::KubePendingPod;
 use hami_device_plugin::api::v1beta1;
 use hami_device_plugin::devices::DeviceTable;
 use hami_device_plugin::inventory::{DeviceFilter, FileInventory, GpuInventory};
-use hami_device_plugin::pending_pod::KubePendingPod;
 use hami_device_plugin::plugin::Lifecycle;
 use hami_device_plugin::service::SharedState;
 use hami_tests::apiserver::ApiServer;
 use hami_tests::kubelet::{FakeKubelet, PluginClient, RunningPlugin};
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -362,10 +363,11 @@ impl Harness {
             .and_then(|mut a| a.remove("hami.io/mutex.lock"))
     }
 
+    /// The Events on `pod` (`events.k8s.io/v1`, as kube's `Recorder` writes them).
     pub async fn events(&self, pod: &str) -> Vec<Event> {
         let events: Api<Event> = Api::namespaced(self.server.client(), NS);
         events
-            .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
+            .list(&ListParams::default().fields(&format!("regarding.name={pod}")))
             .await
             .unwrap()
             .items

@@ -22,8 +22,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::locator::fully_allocated;
-use crate::pending_pod::is_pending_here;
+use super::pod::{Candidate, is_pending_here};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -154,9 +153,13 @@ impl PodCache {
     }
 
     /// The first pod (in list order) pending on `node` with an NVIDIA entry left to allocate,
-    /// except those `passed_over` says to pass over, when synced.
+    /// except those `passed_over` says to pass over, when synced; its devices decoded (once).
     #[must_use]
-    pub fn first_pending(&self, node: &str, passed_over: impl Fn(&Pod) -> bool) -> Option<Pod> {
+    pub fn first_pending(
+        &self,
+        node: &str,
+        passed_over: impl Fn(&Pod) -> bool,
+    ) -> Option<Candidate> {
         let inner = self.lock();
         if !inner.synced {
             return None;
@@ -164,8 +167,8 @@ impl PodCache {
         inner
             .pods
             .values()
-            .find(|p| is_pending_here(p, node) && !fully_allocated(p) && !passed_over(p))
-            .cloned()
+            .filter(|p| is_pending_here(p, node) && !passed_over(p))
+            .find_map(Candidate::unless_fully_allocated)
     }
 
     /// A relist begins (watch `Init`).
@@ -292,6 +295,7 @@ mod tests {
     fn first(cache: &PodCache) -> Option<String> {
         cache
             .first_pending("n1", |_| false)
+            .map(|c| c.pod)
             .and_then(|p| p.metadata.name)
     }
 

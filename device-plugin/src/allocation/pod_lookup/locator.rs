@@ -10,34 +10,36 @@
 //! malformed annotation is not passed over (the allocation fails loudly on it).
 //!
 //! With a watch-fed [`PodCache`], `Allocate` reads the pod from it instead of the API server
-//! (the node lock is always read from the API server); see [`super::pod_cache`] for why a stale
+//! (the node lock is always read from the API server); see [`super::cache`] for why a stale
 //! view cannot cause a wrong allocation.
 //!
-//! One locator for both callers: `Allocate` ([`super::executor`]) and `GetPreferredAllocation`
-//! ([`crate::pending_pod::KubePendingPod`] delegates here).
+//! One locator for both callers: `Allocate` ([`crate::allocation::executor`]) and
+//! `GetPreferredAllocation` ([`KubePendingPod`]). The pod's devices annotation is decoded once,
+//! here ([`Candidate`]), and handed on with the pod.
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams};
+use tonic::Status;
 
-use super::codec::PodDevices;
-use super::pod_cache::PodCache;
-use crate::pending_pod::{annotation, is_pending_here, lock_holder, lock_names};
-use hami_shared::names::{ANNOTATION_MUTEX_LOCK, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE};
+use super::cache::PodCache;
+use super::pod::{Candidate, is_pending_here, lock_holder, lock_names};
+use crate::service::PendingPodDevices;
+use hami_shared::names::ANNOTATION_MUTEX_LOCK;
 
-/// True when the pod's devices annotation decodes and names no NVIDIA device any more.
-pub fn fully_allocated(pod: &Pod) -> bool {
-    annotation(pod, ANNOTATION_VGPU_DEVICES_TO_ALLOCATE)
-        .and_then(|v| PodDevices::decode(v).ok())
-        .is_some_and(|d| !d.has_nvidia())
-}
-
-/// The pod found, and how.
+/// The pod found, its devices decoded, and the node lock when it names the pod.
 #[derive(Debug, Clone)]
 pub struct Located {
-    /// The pod, as read from the API server.
-    pub pod: Pod,
+    /// The pod, as read, with its decoded `hami.io/vgpu-devices-to-allocate`.
+    pub candidate: Candidate,
     /// The node lock's value when the lock named this pod (the value to release it with).
     pub lock: Option<String>,
+}
+
+impl Located {
+    /// The pod.
+    pub fn pod(&self) -> &Pod {
+        &self.candidate.pod
+    }
 }
 
 /// API round trips of one lookup (for the benchmark's breakdown).
@@ -90,7 +92,6 @@ pub async fn locate_with(
     passed_over: &(dyn Fn(&Pod) -> bool + Sync),
     trips: &mut LocateTrips,
 ) -> Result<Option<(Located, Source)>, kube::Error> {
-    let nothing_left = |pod: &Pod| fully_allocated(pod) || passed_over(pod);
     if let Some(lock) = lock
         && let Some((namespace, name)) = lock_holder(lock)
     {
@@ -103,24 +104,29 @@ pub async fn locate_with(
             }
         };
         if let Some(pod) = pod
-            && !nothing_left(&pod)
+            && !passed_over(&pod)
         {
-            return Ok(Some((
-                Located {
-                    pod,
-                    lock: Some(lock.to_owned()),
-                },
-                source,
-            )));
+            let candidate = Candidate::new(pod);
+            if !candidate.fully_allocated() {
+                return Ok(Some((
+                    Located {
+                        candidate,
+                        lock: Some(lock.to_owned()),
+                    },
+                    source,
+                )));
+            }
         }
     }
     // The lock still goes with the pod it names when that pod is found by listing.
-    let located = |pod: Pod| Located {
-        lock: lock.filter(|l| lock_names(l, &pod)).map(str::to_owned),
-        pod,
+    let located = |candidate: Candidate| Located {
+        lock: lock
+            .filter(|l| lock_names(l, &candidate.pod))
+            .map(str::to_owned),
+        candidate,
     };
-    if let Some(pod) = cache.and_then(|c| c.first_pending(node_name, passed_over)) {
-        return Ok(Some((located(pod), Source::Cache)));
+    if let Some(candidate) = cache.and_then(|c| c.first_pending(node_name, passed_over)) {
+        return Ok(Some((located(candidate), Source::Cache)));
     }
     let pods: Api<Pod> = Api::all(client.clone());
     trips.pod_lists += 1;
@@ -129,7 +135,74 @@ pub async fn locate_with(
         .await?;
     Ok(list
         .items
-        .into_iter()
-        .find(|p| is_pending_here(p, node_name) && !nothing_left(p))
-        .map(|pod| (located(pod), Source::Api)))
+        .iter()
+        .filter(|p| is_pending_here(p, node_name) && !passed_over(p))
+        .find_map(Candidate::unless_fully_allocated)
+        .map(|candidate| (located(candidate), Source::Api)))
+}
+
+/// `GetPreferredAllocation`'s view of the pod being admitted on this node: the same locator as
+/// `Allocate`, reading the watch-fed [`PodCache`] first when it has one.
+#[derive(Clone)]
+pub struct KubePendingPod {
+    client: kube::Client,
+    node_name: String,
+    cache: Option<std::sync::Arc<PodCache>>,
+}
+
+impl std::fmt::Debug for KubePendingPod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubePendingPod")
+            .field("node_name", &self.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubePendingPod {
+    /// For node `node_name`.
+    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
+        Self {
+            client,
+            node_name: node_name.into(),
+            cache: None,
+        }
+    }
+
+    /// Reads pods from `cache` first (the view `Allocate` reads too).
+    #[must_use]
+    pub fn with_pod_cache(mut self, cache: std::sync::Arc<PodCache>) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The pod being admitted on this node: the node lock (one node GET), then the pod from the
+    /// cache when it holds it, else from the API server.
+    pub async fn find(&self) -> Result<Option<Candidate>, kube::Error> {
+        let mut trips = LocateTrips::default();
+        let lock = node_lock(&self.client, &self.node_name, &mut trips).await?;
+        locate_with(
+            &self.client,
+            &self.node_name,
+            lock.as_deref(),
+            self.cache.as_deref(),
+            &|_| false,
+            &mut trips,
+        )
+        .await
+        .map(|found| found.map(|(l, _)| l.candidate))
+    }
+}
+
+#[tonic::async_trait]
+impl PendingPodDevices for KubePendingPod {
+    async fn wanted_uuids(&self) -> Result<Vec<String>, Status> {
+        let candidate = self
+            .find()
+            .await
+            .map_err(|e| Status::unavailable(format!("finding the pending pod: {e}")))?;
+        Ok(candidate
+            .as_ref()
+            .map(Candidate::wanted_uuids)
+            .unwrap_or_default())
+    }
 }

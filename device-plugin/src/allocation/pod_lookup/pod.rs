@@ -1,12 +1,9 @@
-//! The pod kubelet is admitting on this node, found the way HAMi's plugin finds it (the node lock
-//! first, else the first pending pod the HAMi scheduler bound here), for `GetPreferredAllocation`.
-//! Only the UUIDs of the first non-empty container entry are read; the full device codec and pod
-//! locator used by `Allocate` live with the allocation code.
+//! What makes a pod the one being allocated on this node, as HAMi's plugin decides it (pure:
+//! no I/O): the node lock's holder, the pending-pod test, and the pod's decoded devices.
 
 use k8s_openapi::api::core::v1::Pod;
-use tonic::Status;
 
-use crate::service::PendingPodDevices;
+use crate::allocation::codec::{CodecError, PodDevices};
 
 use hami_shared::names::{
     ANNOTATION_BIND_PHASE, ANNOTATION_BIND_TIME,
@@ -62,73 +59,58 @@ pub fn is_pending_here(pod: &Pod, node: &str) -> bool {
         && annotation(pod, ANNOTATION_VGPU_NODE) == Some(node)
 }
 
-/// Reads the pending pod from the API server.
-#[derive(Clone)]
-pub struct KubePendingPod {
-    client: kube::Client,
-    node_name: String,
-    cache: Option<std::sync::Arc<crate::allocation::pod_cache::PodCache>>,
+fn decode_devices(pod: &Pod) -> Option<Result<PodDevices, CodecError>> {
+    annotation(pod, ANNOTATION_TO_ALLOCATE).map(PodDevices::decode)
 }
 
-impl std::fmt::Debug for KubePendingPod {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubePendingPod")
-            .field("node_name", &self.node_name)
-            .finish_non_exhaustive()
+fn fully_allocated(devices: Option<&Result<PodDevices, CodecError>>) -> bool {
+    matches!(devices, Some(Ok(d)) if !d.has_nvidia())
+}
+
+/// A pod that may be the one being allocated, with its `hami.io/vgpu-devices-to-allocate`
+/// decoded once: the locator decides with it, and `Allocate` plans from it.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// The pod, as read.
+    pub pod: Pod,
+    /// Its decoded devices annotation; `None` when the pod has none.
+    pub devices: Option<Result<PodDevices, CodecError>>,
+}
+
+impl Candidate {
+    /// Decodes the pod's devices annotation.
+    pub fn new(pod: Pod) -> Self {
+        let devices = decode_devices(&pod);
+        Self { pod, devices }
     }
-}
 
-impl KubePendingPod {
-    /// For node `node_name`.
-    pub fn new(client: kube::Client, node_name: impl Into<String>) -> Self {
-        Self {
-            client,
-            node_name: node_name.into(),
-            cache: None,
+    /// The candidate when `pod` has an NVIDIA entry left (or a malformed annotation), the pod
+    /// cloned only then.
+    pub fn unless_fully_allocated(pod: &Pod) -> Option<Self> {
+        let devices = decode_devices(pod);
+        (!fully_allocated(devices.as_ref())).then(|| Self {
+            pod: pod.clone(),
+            devices,
+        })
+    }
+
+    /// True when the devices annotation decodes and names no NVIDIA device any more (a
+    /// malformed one is not passed over: the allocation fails loudly on it).
+    pub fn fully_allocated(&self) -> bool {
+        fully_allocated(self.devices.as_ref())
+    }
+
+    /// The GPU UUIDs of the first container entry with an NVIDIA device left (what
+    /// `GetPreferredAllocation` prefers).
+    pub fn wanted_uuids(&self) -> Vec<String> {
+        match &self.devices {
+            Some(Ok(d)) => d
+                .next_request()
+                .map(|(_, devices)| devices.into_iter().map(|d| d.uuid).collect())
+                .unwrap_or_default(),
+            // Malformed or absent: no preference.
+            Some(Err(_)) | None => Vec::new(),
         }
-    }
-
-    /// Reads pods from `cache` first (the view `Allocate` reads too).
-    #[must_use]
-    pub fn with_pod_cache(
-        mut self,
-        cache: std::sync::Arc<crate::allocation::pod_cache::PodCache>,
-    ) -> Self {
-        self.cache = Some(cache);
-        self
-    }
-
-    /// The pod being admitted on this node (the locator `Allocate` uses too): the node lock (one
-    /// node GET), then the pod from the cache when it holds it, else from the API server.
-    pub async fn find(&self) -> Result<Option<Pod>, kube::Error> {
-        use crate::allocation::locator::{LocateTrips, locate_with, node_lock};
-        let mut trips = LocateTrips::default();
-        let lock = node_lock(&self.client, &self.node_name, &mut trips).await?;
-        locate_with(
-            &self.client,
-            &self.node_name,
-            lock.as_deref(),
-            self.cache.as_deref(),
-            &|_| false,
-            &mut trips,
-        )
-        .await
-        .map(|found| found.map(|(l, _)| l.pod))
-    }
-}
-
-#[tonic::async_trait]
-impl PendingPodDevices for KubePendingPod {
-    async fn wanted_uuids(&self) -> Result<Vec<String>, Status> {
-        let pod = self
-            .find()
-            .await
-            .map_err(|e| Status::unavailable(format!("finding the pending pod: {e}")))?;
-        Ok(pod
-            .as_ref()
-            .and_then(|p| annotation(p, ANNOTATION_TO_ALLOCATE))
-            .map(first_entry_uuids)
-            .unwrap_or_default())
     }
 }
 
