@@ -120,7 +120,12 @@ fn kai_pods_get_the_library_through_the_hook_folder_with_nothing_else_to_change(
     };
     let bytes = serde_json::to_vec(&pod).unwrap();
     let view: hami_webhook::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
-    let Decision::Allow { patch, .. } = decide_pod(&view, Some("default"), &settings) else {
+    let Decision::Allow { patch, .. } = decide_pod(
+        &view,
+        Some("default"),
+        &settings,
+        &hami_webhook::basis::NoBasis,
+    ) else {
         panic!("the KAI pod was denied");
     };
     let patch: json_patch::Patch =
