@@ -8,7 +8,7 @@ Call with (dict "ctx" $ "name" NAME "hook" true|false).
 {{- $ctx := .ctx -}}
 {{- $hookAnnotations := dict -}}
 {{- if .hook -}}
-{{- $hookAnnotations = dict "helm.sh/hook" "pre-install,pre-upgrade,post-install,post-upgrade" "helm.sh/hook-weight" "-20" "helm.sh/hook-delete-policy" "before-hook-creation,hook-succeeded" -}}
+{{- $hookAnnotations = dict "helm.sh/hook" "pre-install,pre-upgrade,pre-rollback,post-install,post-upgrade,post-rollback" "helm.sh/hook-weight" "-20" "helm.sh/hook-delete-policy" "before-hook-creation,hook-succeeded" -}}
 {{- end -}}
 apiVersion: v1
 kind: ServiceAccount
@@ -118,13 +118,27 @@ subjects:
     {{- else }}
     - --webhook-name={{ include "hami-limits.webhookConfigName" $ctx }}
     {{- end }}
+    {{- range $c.certgen.extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
   env:
     - name: HAMI_LOG_FORMAT
       value: {{ $ctx.Values.webhook.logFormat | quote }}
+    {{- with $c.certgen.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
   securityContext:
-    {{- include "hami-limits.restrictedContainerSecurity" $ctx | nindent 4 }}
+    {{- include "hami-limits.overlay" (dict "base" (fromYaml (include "hami-limits.restrictedContainerSecurity" $ctx)) "override" $c.certgen.securityContext) | nindent 4 }}
   resources:
     {{- toYaml $c.certgen.resources | nindent 4 }}
+{{- end -}}
+
+{{/* The pod template metadata of the certgen Jobs and CronJob, at the indentation of `metadata:`. */}}
+{{- define "hami-limits.certgenPodMetadata" -}}
+metadata:
+  labels:
+    {{- include "hami-limits.podLabels" (dict "ctx" . "component" "certgen" "labels" .Values.certs.certgen.podLabels) | nindent 4 }}
+  {{- with include "hami-limits.podAnnotations" (dict "extra" .Values.certs.certgen.podAnnotations) }}{{ . | nindent 2 }}{{ end }}
 {{- end -}}
 
 {{/* Pod spec fields shared by the certgen Jobs and CronJob. */}}
@@ -132,7 +146,7 @@ subjects:
 {{- $c := .Values.certs.certgen -}}
 restartPolicy: OnFailure
 securityContext:
-  {{- include "hami-limits.nonRootPodSecurity" . | nindent 2 }}
+  {{- include "hami-limits.overlay" (dict "base" (fromYaml (include "hami-limits.nonRootPodSecurity" .)) "override" $c.podSecurityContext) | nindent 2 }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}

@@ -34,8 +34,69 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/*
+An image reference; pass (dict "ctx" $ "image" IMAGE), IMAGE = {repository, tag, digest}.
+global.imageRegistry, when set, replaces the registry host of the repository (its first path
+component when that has a "." or ":" or is "localhost": ghcr.io/hami-limits/hami-webhook ->
+REGISTRY/hami-limits/hami-webhook) or is put in front of a repository without one (projecthami/hami
+-> REGISTRY/projecthami/hami). With a digest the reference is REPOSITORY@DIGEST (the tag is not
+used), else REPOSITORY:TAG (empty tag: the chart's appVersion).
+*/}}
 {{- define "hami-limits.image" -}}
-{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- $repo := .image.repository -}}
+{{- $registry := "" -}}
+{{- with .ctx.Values.global }}{{ $registry = trimSuffix "/" (.imageRegistry | default "") }}{{ end -}}
+{{- if $registry -}}
+{{- $parts := splitList "/" $repo -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repo = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repo = printf "%s/%s" $registry $repo -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A map overlaid on another, as YAML: keys of `override` replace those of `base`; where both hold a
+map, the two are overlaid the same way, one level further down; a null in `override` removes the
+key. Unlike sprig's mergeOverwrite, false and 0 in `override` win (readOnlyRootFilesystem: false
+is an override like any other). Pass (dict "base" MAP "override" MAP).
+*/}}
+{{- define "hami-limits.overlay" -}}
+{{- $out := deepCopy (.base | default dict) -}}
+{{- range $k, $v := (.override | default dict) -}}
+{{- if kindIs "invalid" $v -}}
+{{- $_ := unset $out $k -}}
+{{- else if and (kindIs "map" $v) (kindIs "map" (index $out $k)) -}}
+{{- $_ := set $out $k (fromYaml (include "hami-limits.overlay" (dict "base" (index $out $k) "override" $v))) -}}
+{{- else -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- end -}}
+{{- if $out }}{{ toYaml $out }}{{ else }}{}{{ end -}}
+{{- end -}}
+
+{{/* A pod template's labels: the workload's podLabels, then its selector labels (which win: a
+podLabels entry cannot detach the pods from their controller). Pass (dict "ctx" $ "component" C
+"labels" MAP). */}}
+{{- define "hami-limits.podLabels" -}}
+{{- $selector := fromYaml (include "hami-limits.selectorLabels" .) -}}
+{{- toYaml (merge $selector (deepCopy (.labels | default dict))) -}}
+{{- end -}}
+
+{{/* A pod template's annotations: the chart's own (checksums; they win) over the workload's
+podAnnotations; nothing when both are empty. Pass (dict "own" MAP "extra" MAP). */}}
+{{- define "hami-limits.podAnnotations" -}}
+{{- $all := merge (deepCopy (.own | default dict)) (deepCopy (.extra | default dict)) -}}
+{{- if $all -}}
+annotations:
+  {{- toYaml $all | nindent 2 }}
+{{- end -}}
 {{- end -}}
 
 {{- define "hami-limits.webhookName" -}}{{ include "hami-limits.fullname" . }}-webhook{{- end -}}
@@ -106,7 +167,9 @@ webhook and the hook installer cannot disagree. */}}
 
 {{/*
 The two init containers that install HAMi-core and the preload library into <hookPath>/vgpu on the
-host; pass (dict "ctx" $ "hookPath" HOOK). The pod needs the volumes of "hami-limits.hookVolumes".
+host; pass (dict "ctx" $ "hookPath" HOOK "securityContext" MAP "extraArgs" LIST "extraEnv" LIST):
+securityContext is overlaid on both containers' own, extraArgs and extraEnv go to install-hook. The
+pod needs the volumes of "hami-limits.hookHandoffVolume" and the hostPath volume `hami-core`.
   1. copy-hami-core (HAMi's image; only `sh` and `cp` assumed): copies HAMi's library folder as it
      is (libvgpu.so or libvgpu.so.<version>, ld.so.preload, ...) into an emptyDir. Symbolic links
      stay links (-P), so that install-hook sees libvgpu.so -> libvgpu.so.<version> as one file, not
@@ -120,6 +183,7 @@ host; pass (dict "ctx" $ "hookPath" HOOK). The pod needs the volumes of "hami-li
 {{- $ctx := .ctx -}}
 {{- $core := $ctx.Values.devicePlugin.hamiCore -}}
 {{- $hook := .hookPath -}}
+{{- $rootInit := dict "runAsUser" 0 "allowPrivilegeEscalation" false "readOnlyRootFilesystem" true "capabilities" (dict "drop" (list "ALL")) -}}
 - name: copy-hami-core
   image: {{ include "hami-limits.image" (dict "ctx" $ctx "image" $core.image) }}
   imagePullPolicy: {{ $core.image.pullPolicy }}
@@ -137,11 +201,7 @@ host; pass (dict "ctx" $ "hookPath" HOOK). The pod needs the volumes of "hami-li
     - name: NVIDIA_VISIBLE_DEVICES
       value: void
   securityContext:
-    runAsUser: 0
-    allowPrivilegeEscalation: false
-    readOnlyRootFilesystem: true
-    capabilities:
-      drop: [ALL]
+    {{- include "hami-limits.overlay" (dict "base" $rootInit "override" .securityContext) | nindent 4 }}
   resources:
     {{- toYaml $core.resources | nindent 4 }}
   volumeMounts:
@@ -155,14 +215,17 @@ host; pass (dict "ctx" $ "hookPath" HOOK). The pod needs the volumes of "hami-li
     - --hami-core-dir=/hami-core
     - --preload={{ include "hami-limits.preloadLibrary" $ctx }}
     - --hook-path={{ $hook }}
+    {{- range .extraArgs }}
+    - {{ . | quote }}
+    {{- end }}
+  {{- with .extraEnv }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  # Root: <hookPath>/vgpu on the host is root-owned. Root without DAC_OVERRIDE can still write the
+  # folders and files it owns.
   securityContext:
-    # Root: <hookPath>/vgpu on the host is root-owned. Root without DAC_OVERRIDE can still write
-    # the folders and files it owns.
-    runAsUser: 0
-    allowPrivilegeEscalation: false
-    readOnlyRootFilesystem: true
-    capabilities:
-      drop: [ALL]
+    {{- include "hami-limits.overlay" (dict "base" $rootInit "override" .securityContext) | nindent 4 }}
   resources:
     {{- toYaml $core.resources | nindent 4 }}
   volumeMounts:
@@ -184,3 +247,47 @@ folder is a few MiB. */}}
 {{- end -}}
 
 {{- define "hami-limits.hookInstallerName" -}}{{ include "hami-limits.fullname" . }}-hook-installer{{- end -}}
+
+{{/*
+A Prometheus Operator ServiceMonitor scraping the `metrics` port of the component's Service (plain
+HTTP /metrics). Pass (dict "ctx" $ "component" C "name" NAME "values" SERVICEMONITOR-VALUES). The
+monitoring.coreos.com/v1 CRD must exist (Prometheus Operator, kube-prometheus-stack).
+*/}}
+{{- define "hami-limits.serviceMonitor" -}}
+{{- $ctx := .ctx -}}
+{{- $v := .values -}}
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata:
+  name: {{ .name }}
+  namespace: {{ $ctx.Release.Namespace }}
+  labels:
+    {{- /* serviceMonitor.labels add to the chart's labels (Prometheus' serviceMonitorSelector). */}}
+    {{- toYaml (merge (fromYaml (include "hami-limits.labels" (dict "ctx" $ctx "component" .component))) (deepCopy ($v.labels | default dict))) | nindent 4 }}
+spec:
+  jobLabel: app.kubernetes.io/component
+  namespaceSelector:
+    matchNames: [{{ $ctx.Release.Namespace | quote }}]
+  selector:
+    matchLabels:
+      {{- include "hami-limits.selectorLabels" (dict "ctx" $ctx "component" .component) | nindent 6 }}
+  endpoints:
+    - port: metrics
+      path: /metrics
+      scheme: http
+      {{- with $v.interval }}
+      interval: {{ . }}
+      {{- end }}
+      {{- with $v.scrapeTimeout }}
+      scrapeTimeout: {{ . }}
+      {{- end }}
+      honorLabels: {{ $v.honorLabels }}
+      {{- with $v.relabelings }}
+      relabelings:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.metricRelabelings }}
+      metricRelabelings:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end -}}
