@@ -1,7 +1,7 @@
-//! The chart rendered by real Helm against the in-process API server, after `hami-certgen create`:
-//! Helm's `lookup` finds the Secret, so an upgrade carries the CA as the caBundle from the first
-//! moment (no window without one before the post-upgrade patch Job), and `patch` then has nothing
-//! to change.
+//! The chart rendered by real Helm against the in-process API server, before and after
+//! `hami-certgen create`: the RBAC the chart gives certgen covers every request it makes, and no
+//! revision renders a caBundle, so upgrades and a rollback to the first revision keep the one
+//! `hami-certgen patch` wrote.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -195,56 +195,141 @@ async fn certgen_needs_nothing_beyond_the_charts_rbac() {
     }
 }
 
+/// Helm's client-side three-way merge (Helm 3, and Helm 4 without server-side apply) of one
+/// object: a field the previous revision's manifest set and the next one does not is removed; a
+/// field the next one sets takes its value; every other live field is kept. Lists of objects with
+/// a `name` (the `webhooks` list) merge element by element, as the strategic merge patch does.
+fn three_way(original: &Value, modified: &Value, live: &Value) -> Value {
+    match (original, modified, live) {
+        (_, Value::Object(m), Value::Object(l)) => {
+            let empty = serde_json::Map::new();
+            let o = original.as_object().unwrap_or(&empty);
+            let mut out = l.clone();
+            for key in o.keys().filter(|k| !m.contains_key(*k)) {
+                out.remove(key);
+            }
+            for (key, value) in m {
+                let merged = three_way(
+                    o.get(key).unwrap_or(&Value::Null),
+                    value,
+                    l.get(key).unwrap_or(&Value::Null),
+                );
+                out.insert(key.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        (_, Value::Array(m), Value::Array(l)) if m.iter().all(|e| e.get("name").is_some()) => {
+            let by_name = |list: &[Value], name: &Value| {
+                list.iter().find(|e| e.get("name") == Some(name)).cloned()
+            };
+            let o = original.as_array().cloned().unwrap_or_default();
+            Value::Array(
+                m.iter()
+                    .map(|e| {
+                        let name = &e["name"];
+                        match by_name(l, name) {
+                            Some(live) => {
+                                three_way(&by_name(&o, name).unwrap_or(Value::Null), e, &live)
+                            }
+                            None => e.clone(),
+                        }
+                    })
+                    .collect(),
+            )
+        }
+        (_, modified, _) => modified.clone(),
+    }
+}
+
+fn ca_bundle_of(live: &Value) -> Option<&str> {
+    live["webhooks"][0]["clientConfig"]["caBundle"].as_str()
+}
+
+/// `helm rollback` to the first revision keeps the caBundle. Revision 1 is rendered before
+/// certgen ran (nothing to look up), revision 2 after it (the Secret exists): neither holds a
+/// caBundle, so the three-way merge of an upgrade and of a rollback leaves the one `hami-certgen
+/// patch` wrote; the rolled-back-to revision's post-rollback patch then has nothing to change. The
+/// same merge with a revision that did render the CA (the chart's former `lookup`) removes it on
+/// the rollback: the hazard this guards against.
 #[tokio::test]
-async fn upgrade_render_carries_the_certgen_ca_as_ca_bundle() {
+async fn rollback_to_the_first_revision_keeps_the_ca_bundle() {
     let server = ApiServer::start().await.unwrap();
     let dir = tempfile::tempdir().unwrap();
 
-    // Before certgen ran (a first install): nothing to look up, no caBundle.
+    // Revision 1: a first install, before certgen ran.
     let url = server.url().to_owned();
     let first = dir.path().join("first");
     let out = first.clone();
     tokio::task::spawn_blocking(move || render_live(&url, &out))
         .await
         .unwrap();
-    let mwc = rendered_webhook_config(&first);
-    assert!(
-        mwc.webhooks.as_ref().unwrap()[0]
-            .client_config
-            .ca_bundle
-            .is_none()
-    );
+    let rev1 = serde_json::to_value(rendered_webhook_config(&first)).unwrap();
+    assert!(ca_bundle_of(&rev1).is_none());
 
-    // certgen's pre-install Job, with the arguments the chart gives it.
+    // The install: the pre-install create Job, the object, the post-install patch Job.
     let settings = settings();
     cluster::create(server.client(), &settings).await.unwrap();
+    server.seed_json(rev1.clone()).unwrap();
+    cluster::patch(server.client(), NS, &settings.secret_name, PREFIX)
+        .await
+        .unwrap();
     let secret = server
         .get::<Secret>(Some(NS), &settings.secret_name)
         .unwrap()
         .unwrap();
     let ca = secret.data.as_ref().unwrap()["ca.crt"].0.clone();
+    let live = || {
+        server
+            .get_json::<MutatingWebhookConfiguration>(None, PREFIX)
+            .unwrap()
+    };
+    let encoded = serde_json::to_value(k8s_openapi::ByteString(ca.clone())).unwrap();
+    assert_eq!(
+        ca_bundle_of(&live()),
+        encoded.as_str(),
+        "patched at install"
+    );
 
+    // Revision 2: an upgrade rendered with the Secret in place still holds no caBundle.
     let url = server.url().to_owned();
     let second = dir.path().join("second");
     let out = second.clone();
     tokio::task::spawn_blocking(move || render_live(&url, &out))
         .await
         .unwrap();
-    let mwc = rendered_webhook_config(&second);
-    let bundle = mwc.webhooks.as_ref().unwrap()[0]
-        .client_config
-        .ca_bundle
-        .clone();
-    assert_eq!(
-        bundle.map(|b| b.0),
-        Some(ca.clone()),
-        "upgrade render carries the stored CA"
+    let rev2 = serde_json::to_value(rendered_webhook_config(&second)).unwrap();
+    assert!(
+        ca_bundle_of(&rev2).is_none(),
+        "the chart renders no caBundle"
     );
-
-    // Applied as Helm would, the post-upgrade patch Job has nothing left to do.
-    server.seed(&mwc).unwrap();
+    for (what, from, to) in [
+        ("upgrade 1 -> 2", &rev1, &rev2),
+        ("rollback 2 -> 1", &rev2, &rev1),
+    ] {
+        let next = three_way(from, to, &live());
+        server.seed_json(next).unwrap();
+        assert_eq!(
+            ca_bundle_of(&live()),
+            encoded.as_str(),
+            "{what} removed or changed the caBundle"
+        );
+    }
+    // The post-rollback patch Job of revision 1 finds nothing to do.
     let outcome = cluster::patch(server.client(), NS, &settings.secret_name, PREFIX)
         .await
         .unwrap();
     assert_eq!(outcome, PatchOutcome::Unchanged);
+
+    // The hazard: had revision 2 rendered the CA, rolling back to revision 1 would strip it.
+    let mut with_ca = rev2.clone();
+    with_ca["webhooks"][0]["clientConfig"]["caBundle"] = encoded.clone();
+    let stripped = three_way(&with_ca, &rev1, &live());
+    assert!(ca_bundle_of(&stripped).is_none());
+    // ... and the post-rollback patch Job is what would put it back.
+    server.seed_json(stripped).unwrap();
+    let outcome = cluster::patch(server.client(), NS, &settings.secret_name, PREFIX)
+        .await
+        .unwrap();
+    assert_ne!(outcome, PatchOutcome::Unchanged);
+    assert_eq!(ca_bundle_of(&live()), encoded.as_str());
 }
