@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::pod::{ContainerRef, Pod};
 
@@ -20,9 +20,95 @@ use crate::pod::{ContainerRef, Pod};
 pub struct PatchOp {
     pub op: PatchOpKind,
     pub path: String,
-    /// `null` for `remove`, which carries no value.
-    #[serde(skip_serializing_if = "Value::is_null")]
-    pub value: Value,
+    /// [`PatchValue::Null`] for `remove`, which carries no value.
+    #[serde(skip_serializing_if = "PatchValue::is_null")]
+    pub value: PatchValue,
+}
+
+/// The value of an operation, serialized straight from its typed parts: the entries a pod gets
+/// per container (env entries, mounts, downward-API items) never become a `serde_json::Value`
+/// tree, which a 44-container pod would build, walk and free thousands of times a second.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum PatchValue {
+    /// No value (`remove`).
+    Null,
+    /// A string.
+    String(String),
+    /// Any JSON (rare objects such as the preload volume).
+    Json(Value),
+    /// An `env` entry.
+    Env(NewEnvVar),
+    /// A `volumeMounts` entry.
+    Mount(NewMount),
+    /// A `downwardAPI` volume.
+    DownwardVolume(DownwardVolume),
+    /// An array of values.
+    Array(Vec<PatchValue>),
+    /// An object of strings, in insertion order (annotations).
+    Map(StringMap),
+}
+
+impl PatchValue {
+    /// Whether this is [`PatchValue::Null`].
+    #[must_use]
+    pub fn is_null(&self) -> bool {
+        matches!(self, Self::Null)
+    }
+}
+
+/// An object of strings serialized in insertion order; keys are unique.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StringMap(pub Vec<(String, String)>);
+
+impl Serialize for StringMap {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// A `volumeMounts` entry to add.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewMount {
+    pub name: String,
+    pub mount_path: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+/// A `downwardAPI` volume projecting object fields as files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DownwardVolume {
+    pub name: String,
+    #[serde(rename = "downwardAPI")]
+    pub downward_api: DownwardApi,
+}
+
+/// `downwardAPI` of a volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DownwardApi {
+    pub default_mode: u32,
+    pub items: Vec<DownwardItem>,
+}
+
+/// One file of a `downwardAPI` volume: `path` ← `fieldRef.fieldPath`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DownwardItem {
+    pub path: String,
+    pub field_ref: FieldRef,
+}
+
+/// `fieldRef` of a downward-API item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FieldRef {
+    pub api_version: &'static str,
+    pub field_path: String,
 }
 
 /// The operation name.
@@ -46,22 +132,16 @@ pub fn escape_token(token: &str) -> Cow<'_, str> {
 }
 
 /// An `env` entry to add: `{"name": .., "value": ..}`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NewEnvVar {
     pub name: String,
     pub value: String,
 }
 
-impl NewEnvVar {
-    fn to_json(&self) -> Value {
-        json!({ "name": self.name, "value": self.value })
-    }
-}
-
 #[derive(Debug, Default)]
 struct ContainerAdds {
-    env: Vec<NewEnvVar>,
-    volume_mounts: Vec<Value>,
+    env: Vec<PatchValue>,
+    volume_mounts: Vec<PatchValue>,
 }
 
 /// Accumulates the changes the decision modules want and renders them as a JSONPatch that applies
@@ -72,7 +152,8 @@ pub struct PodPatch<'p, 'a> {
     scalars: Vec<PatchOp>,
     annotations: Vec<(String, String)>,
     removed_annotations: Vec<String>,
-    volumes: Vec<Value>,
+    /// (name, volume).
+    volumes: Vec<(String, PatchValue)>,
     containers: BTreeMap<ContainerRef, ContainerAdds>,
 }
 
@@ -112,7 +193,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
         self.scalars.push(PatchOp {
             op: PatchOpKind::Add,
             path: "/spec/schedulerName".to_owned(),
-            value: Value::String(name.to_owned()),
+            value: PatchValue::String(name.to_owned()),
         });
     }
 
@@ -145,18 +226,23 @@ impl<'p, 'a> PodPatch<'p, 'a> {
         self.pod
             .container(at)
             .is_some_and(|c| c.env_var(name).is_some())
-            || self
-                .containers
-                .get(&at)
-                .is_some_and(|a| a.env.iter().any(|e| e.name == name))
+            || self.containers.get(&at).is_some_and(|a| {
+                a.env
+                    .iter()
+                    .any(|e| matches!(e, PatchValue::Env(e) if e.name == name))
+            })
     }
 
     /// Add `name=value` to the container's env. The caller has checked the variable is not set.
     pub fn add_env(&mut self, at: ContainerRef, name: &str, value: String) {
-        self.containers.entry(at).or_default().env.push(NewEnvVar {
-            name: name.to_owned(),
-            value,
-        });
+        self.containers
+            .entry(at)
+            .or_default()
+            .env
+            .push(PatchValue::Env(NewEnvVar {
+                name: name.to_owned(),
+                value,
+            }));
     }
 
     /// Whether the pod has, or this patch adds, a volume named `name`.
@@ -167,15 +253,23 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             .volumes
             .as_deref()
             .is_some_and(|v| v.iter().any(|v| v.name == name))
-            || self
-                .volumes
-                .iter()
-                .any(|v| v.get("name").and_then(Value::as_str) == Some(name))
+            || self.volumes.iter().any(|(n, _)| n == name)
     }
 
     /// Add a volume (a complete `Volume` object with a `name`).
     pub fn add_volume(&mut self, volume: Value) {
-        self.volumes.push(volume);
+        let name = volume
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        self.volumes.push((name, PatchValue::Json(volume)));
+    }
+
+    /// Add a `downwardAPI` volume.
+    pub fn add_downward_volume(&mut self, volume: DownwardVolume) {
+        self.volumes
+            .push((volume.name.clone(), PatchValue::DownwardVolume(volume)));
     }
 
     /// Whether the container has, or this patch adds, a mount at `mount_path`.
@@ -188,17 +282,17 @@ impl<'p, 'a> PodPatch<'p, 'a> {
         }) || self.containers.get(&at).is_some_and(|a| {
             a.volume_mounts
                 .iter()
-                .any(|m| m.get("mountPath").and_then(Value::as_str) == Some(mount_path))
+                .any(|m| matches!(m, PatchValue::Mount(m) if m.mount_path == mount_path))
         })
     }
 
-    /// Add a volume mount (a complete `VolumeMount` object) to the container.
-    pub fn add_volume_mount(&mut self, at: ContainerRef, mount: Value) {
+    /// Add a volume mount to the container.
+    pub fn add_volume_mount(&mut self, at: ContainerRef, mount: NewMount) {
         self.containers
             .entry(at)
             .or_default()
             .volume_mounts
-            .push(mount);
+            .push(PatchValue::Mount(mount));
     }
 
     /// Render the operations, in an order that applies cleanly to the original object.
@@ -209,7 +303,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             ops.push(PatchOp {
                 op: PatchOpKind::Remove,
                 path: format!("/metadata/annotations/{}", escape_token(&k)),
-                value: Value::Null,
+                value: PatchValue::Null,
             });
         }
         if !self.annotations.is_empty() {
@@ -219,20 +313,15 @@ impl<'p, 'a> PodPatch<'p, 'a> {
                         ops.push(PatchOp {
                             op: PatchOpKind::Add,
                             path: format!("/metadata/annotations/{}", escape_token(&k)),
-                            value: Value::String(v),
+                            value: PatchValue::String(v),
                         });
                     }
                 }
                 None => {
-                    let map: serde_json::Map<String, Value> = self
-                        .annotations
-                        .into_iter()
-                        .map(|(k, v)| (k, Value::String(v)))
-                        .collect();
                     ops.push(PatchOp {
                         op: PatchOpKind::Add,
                         path: "/metadata/annotations".to_owned(),
-                        value: Value::Object(map),
+                        value: PatchValue::Map(StringMap(self.annotations)),
                     });
                 }
             }
@@ -247,7 +336,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             &mut ops,
             "/spec/volumes".to_owned(),
             has_volumes,
-            self.volumes,
+            self.volumes.into_iter().map(|(_, v)| v).collect(),
         );
         for (at, adds) in self.containers {
             let Some(container) = self.pod.container(at) else {
@@ -255,8 +344,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             };
             let base = format!("/spec/{}/{}", at.kind.field(), at.index);
             let has_env = container.env.as_deref().is_some_and(|e| !e.is_empty());
-            let env = adds.env.iter().map(NewEnvVar::to_json).collect();
-            push_array_adds(&mut ops, format!("{base}/env"), has_env, env);
+            push_array_adds(&mut ops, format!("{base}/env"), has_env, adds.env);
             let has_mounts = container
                 .volume_mounts
                 .as_deref()
@@ -274,7 +362,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
 /// Append `items` to the array at `path`: one `add …/-` per item when the array exists and is
 /// non-empty, else one `add` of the whole array (which also replaces a `null` or `[]`).
-fn push_array_adds(ops: &mut Vec<PatchOp>, path: String, exists: bool, items: Vec<Value>) {
+fn push_array_adds(ops: &mut Vec<PatchOp>, path: String, exists: bool, items: Vec<PatchValue>) {
     if items.is_empty() {
         return;
     }
@@ -291,7 +379,7 @@ fn push_array_adds(ops: &mut Vec<PatchOp>, path: String, exists: bool, items: Ve
         ops.push(PatchOp {
             op: PatchOpKind::Add,
             path,
-            value: Value::Array(items),
+            value: PatchValue::Array(items),
         });
     }
 }
@@ -300,6 +388,7 @@ fn push_array_adds(ops: &mut Vec<PatchOp>, path: String, exists: bool, items: Ve
 mod tests {
     use super::*;
     use crate::pod::ContainerKind;
+    use serde_json::json;
 
     fn c0() -> ContainerRef {
         ContainerRef {
@@ -371,7 +460,15 @@ mod tests {
         assert!(!p.has_volume("v"));
         p.add_volume(json!({"name":"v","emptyDir":{}}));
         assert!(p.has_volume("v"));
-        p.add_volume_mount(c0(), json!({"name":"v","mountPath":"/m"}));
+        p.add_volume_mount(
+            c0(),
+            NewMount {
+                name: "v".into(),
+                mount_path: "/m".into(),
+                sub_path: None,
+                read_only: false,
+            },
+        );
         assert!(p.container_has_mount_path(c0(), "/m"));
         let ops = serde_json::to_value(p.into_ops()).unwrap();
         assert_eq!(

@@ -18,9 +18,10 @@ use hami_shared::container::{LimitsBuilder, PlanWarning};
 use hami_shared::limits_file::LimitsFile;
 use hami_shared::names::OVERRIDE_ENV_PATH;
 use hami_shared::values::{LimitDelivery, MemoryLimitMib};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::mutation::{Denial, PodMutation, ProjectedFile};
+use crate::patch::{DownwardApi, DownwardItem, DownwardVolume, FieldRef, NewMount};
 use crate::pod::ContainerRef;
 
 /// Prefix of the webhook-owned annotation keys (`limits.hami.io/<container>`).
@@ -118,12 +119,6 @@ pub fn deliver(
             m.patch.set_annotation(&key, text);
         }
     }
-    let items: Vec<Value> = wanted
-        .iter()
-        .map(|(_, name, _)| {
-            json!({"path": name, "fieldRef": {"apiVersion": "v1", "fieldPath": field_path(name)}})
-        })
-        .collect();
     match pod
         .spec
         .volumes
@@ -137,17 +132,33 @@ pub fn deliver(
                 .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
                 .and_then(|v| v.get("items").cloned())
                 .map(|items| item_pairs(&items));
-            let expected = item_pairs(&Value::Array(items));
+            let mut expected: Vec<(String, String)> = wanted
+                .iter()
+                .map(|(_, name, _)| (name.clone(), field_path(name)))
+                .collect();
+            expected.sort();
             if projected.as_ref() != Some(&expected) {
                 return Err(m.deny(format_args!(
                     "volume {LIMITS_VOLUME:?} is reserved for the hami-limits limits files and does not project them"
                 )));
             }
         }
-        None => m.patch.add_volume(json!({
-            "name": LIMITS_VOLUME,
-            "downwardAPI": {"defaultMode": FILE_MODE, "items": items}
-        })),
+        None => m.patch.add_downward_volume(DownwardVolume {
+            name: LIMITS_VOLUME.to_owned(),
+            downward_api: DownwardApi {
+                default_mode: FILE_MODE,
+                items: wanted
+                    .iter()
+                    .map(|(_, name, _)| DownwardItem {
+                        path: name.clone(),
+                        field_ref: FieldRef {
+                            api_version: "v1",
+                            field_path: field_path(name),
+                        },
+                    })
+                    .collect(),
+            },
+        }),
     }
     for (at, name, _) in &wanted {
         if m.patch.container_has_mount_path(*at, OVERRIDE_ENV_PATH) {
@@ -155,7 +166,12 @@ pub fn deliver(
         }
         m.patch.add_volume_mount(
             *at,
-            json!({"name": LIMITS_VOLUME, "mountPath": OVERRIDE_ENV_PATH, "subPath": name, "readOnly": true}),
+            NewMount {
+                name: LIMITS_VOLUME.to_owned(),
+                mount_path: OVERRIDE_ENV_PATH.to_owned(),
+                sub_path: Some(name.clone()),
+                read_only: true,
+            },
         );
     }
     for (_, container, text) in wanted {

@@ -5,6 +5,7 @@ use hami_shared::values::MemoryLimitMib;
 use serde_json::json;
 
 use crate::mutation::{Denial, PodMutation};
+use crate::patch::NewMount;
 use crate::pod::{Container, ContainerRef};
 
 /// The hostPath volume holding HAMi-core; the same name KAI-resource-isolator uses, so that the
@@ -75,11 +76,15 @@ pub fn preload(
             if m.patch.container_has_mount_path(at, path) {
                 continue;
             }
-            let mut mount = json!({"name": PRELOAD_VOLUME, "mountPath": path, "readOnly": true});
-            if let Some(s) = sub_path {
-                mount["subPath"] = json!(s);
-            }
-            m.patch.add_volume_mount(at, mount);
+            m.patch.add_volume_mount(
+                at,
+                NewMount {
+                    name: PRELOAD_VOLUME.to_owned(),
+                    mount_path: path.to_owned(),
+                    sub_path: sub_path.map(str::to_owned),
+                    read_only: true,
+                },
+            );
         }
     }
     Ok(())
