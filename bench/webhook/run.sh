@@ -61,7 +61,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
 
 echo "== starting servers on core $SERVER_CORE"
-PER_GPU_VRAM_MIB=16384 RUST_LOG=warn taskset -c "$SERVER_CORE" "$BIN" serve --listen "127.0.0.1:$OURS_PORT" \
+HAMI_KAI__PER_GPU_VRAM_MIB=16384 RUST_LOG=warn taskset -c "$SERVER_CORE" "$BIN" serve --listen "127.0.0.1:$OURS_PORT" \
   --metrics-listen "127.0.0.1:$OURS_METRICS" --tls-cert "$WORK/cert.pem" --tls-key "$WORK/key.pem" \
   --worker-threads 1 >"$WORK/ours.log" 2>&1 &
 OURS_PID=$!

@@ -199,10 +199,15 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
     /// Set (create or overwrite) annotation `key`.
     pub fn set_annotation(&mut self, key: &str, value: &str) {
-        if let Some(slot) = self.annotations.iter_mut().find(|(k, _)| k == key) {
-            value.clone_into(&mut slot.1);
+        self.set_annotation_owned(key.to_owned(), value.to_owned());
+    }
+
+    /// [`Self::set_annotation`] with owned strings (no copy).
+    pub fn set_annotation_owned(&mut self, key: String, value: String) {
+        if let Some(slot) = self.annotations.iter_mut().find(|(k, _)| *k == key) {
+            slot.1 = value;
         } else {
-            self.annotations.push((key.to_owned(), value.to_owned()));
+            self.annotations.push((key, value));
         }
     }
 

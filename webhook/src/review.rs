@@ -132,7 +132,10 @@ pub fn encode_response(
             let patch = if patch.is_empty() {
                 None
             } else {
-                Some(BASE64.encode(serde_json::to_vec(patch)?))
+                // Sized once: a 44-container KAI pod's patch is ~23 KB, its base64 ~31 KB.
+                let mut json = Vec::with_capacity(1024 + 512 * patch.len());
+                serde_json::to_writer(&mut json, patch)?;
+                Some(BASE64.encode(json))
             };
             (true, patch, warnings.as_slice(), None)
         }
@@ -171,7 +174,9 @@ pub fn encode_response(
             status,
         },
     };
-    let mut body = Vec::with_capacity(256);
+    let extra = out.response.patch.as_ref().map_or(0, String::len)
+        + out.response.warnings.iter().map(String::len).sum::<usize>();
+    let mut body = Vec::with_capacity(256 + extra);
     serde_json::to_writer(&mut body, &out)?;
     Ok(body)
 }

@@ -116,7 +116,7 @@ pub fn deliver(
     for (_, name, text) in &wanted {
         let key = annotation_key(name);
         if pod.annotation(&key) != Some(text.as_str()) {
-            m.patch.set_annotation(&key, text);
+            m.patch.set_annotation_owned(key, text.clone());
         }
     }
     match pod
