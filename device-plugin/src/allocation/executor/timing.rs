@@ -1,5 +1,5 @@
 //! Where an allocation spends its time, as `tracing` spans: each call runs in an `allocate` span
-//! (fields `from_cache`, `retries`, `api_round_trips`, `ok`) with one child span per phase
+//! (fields `from_cache`, `retries`, `api_round_trips`, and `ok` recorded last, when the call ends) with one child span per phase
 //! (`queued`, `locate`, `disk`, `publish`, `node_get`, `patch_pod`, `release_lock`). The spans are
 //! at `debug` level: a log subscriber shows them (`RUST_LOG=hami_device_plugin=debug`, JSON logs
 //! carry the current span), and [`TimingLog`] — a `tracing-subscriber` layer — turns them into one
@@ -133,10 +133,23 @@ where
     }
 
     fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id)
-            && let Some(timing) = span.extensions_mut().get_mut::<AllocateTiming>()
-        {
+        let Some(span) = ctx.span(id) else { return };
+        // `ok` is recorded last, when the call ends: the record is taken then, not when the span
+        // closes (a client's background task may hold a child of it a little longer).
+        let ends = span.name() == ALLOCATE_SPAN
+            && span
+                .metadata()
+                .fields()
+                .field("ok")
+                .is_some_and(|ok| values.contains(&ok));
+        let mut extensions = span.extensions_mut();
+        let opened = extensions.get_mut::<Opened>().map(|o| o.0);
+        if let Some(timing) = extensions.get_mut::<AllocateTiming>() {
             values.record(timing);
+            if ends {
+                timing.total = opened.map_or(Duration::ZERO, |o| o.elapsed());
+                self.0.push(*timing);
+            }
         }
     }
 
@@ -146,10 +159,7 @@ where
             return;
         };
         if span.name() == ALLOCATE_SPAN {
-            if let Some(mut timing) = span.extensions_mut().remove::<AllocateTiming>() {
-                timing.total = elapsed;
-                self.0.push(timing);
-            }
+            // Taken when `ok` was recorded.
             return;
         }
         if let Some(root) = span.scope().skip(1).find(|s| s.name() == ALLOCATE_SPAN)
