@@ -104,6 +104,11 @@ fn decimal<T: std::str::FromStr>(text: &str) -> Option<T> {
     text.parse().ok()
 }
 
+/// The bytes a device ID (or type) may hold.
+fn is_device_id_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'/')
+}
+
 fn decode_entry(value: &str, index: usize, text: &str) -> Result<Vec<ContainerDevice>, CodecError> {
     let mut devices = Vec::new();
     for piece in text.split(DEVICE_SEPARATOR) {
@@ -132,8 +137,25 @@ fn decode_entry(value: &str, index: usize, text: &str) -> Result<Vec<ContainerDe
         if uuid.is_empty() {
             return Err(err("empty device UUID"));
         }
+        // A device ID reaches NVIDIA_VISIBLE_DEVICES and the limits file: GPU-<uuid>, MIG-<uuid>
+        // or MIG-GPU-<uuid>/<gi>/<ci>, nothing else (no control character, no white space).
+        if !uuid.bytes().all(is_device_id_byte) {
+            return Err(err(
+                "the device UUID holds a character no device ID has (accepted: letters, digits, '-', '_', '.', '/')",
+            ));
+        }
         if kind.is_empty() {
             return Err(err("empty device type"));
+        }
+        if !kind.bytes().all(is_device_id_byte)
+            || extra.iter().any(|f| {
+                f.bytes()
+                    .any(|b| b.is_ascii_control() || b.is_ascii_whitespace())
+            })
+        {
+            return Err(err(
+                "the device type or an extra field holds a control character or white space",
+            ));
         }
         let memory_mib =
             decimal::<u64>(memory).ok_or_else(|| err("memory is not a decimal number of MiB"))?;
@@ -389,6 +411,25 @@ mod tests {
             assert!(text.contains(why), "{v}: {text}");
             assert!(text.contains(&format!("{v:?}")), "{v}: {text}");
         }
+    }
+
+    #[test]
+    fn device_ids_with_control_characters_or_spaces_are_refused() {
+        for v in [
+            "GPU-a\nb,NVIDIA,3000,50:;",
+            "GPU-a\rb,NVIDIA,3000,50:;",
+            "88\01,NVIDIA,3000,50:;",
+            "GPU a,NVIDIA,3000,50:;",
+            "GPU-a\t,NVIDIA,3000,50:;",
+            "GPU-a,NVI DIA,3000,50:;",
+            "GPU-a,NVIDIA,3000,50,x\ny:;",
+            "GPU-a=b,NVIDIA,3000,50:;",
+        ] {
+            let e = PodDevices::decode(v).unwrap_err();
+            assert!(e.to_string().contains("character"), "{v:?}: {e}");
+        }
+        let ok = "MIG-GPU-1f2e3d4c-5b6a/1/0,NVIDIA,3000,50:;GPU-1f2e_3.d,NVIDIA,1,1:;";
+        assert_eq!(PodDevices::decode(ok).unwrap().encode(), ok);
     }
 
     #[test]
