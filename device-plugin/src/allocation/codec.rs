@@ -418,7 +418,7 @@ mod tests {
         for v in [
             "GPU-a\nb,NVIDIA,3000,50:;",
             "GPU-a\rb,NVIDIA,3000,50:;",
-            "88\01,NVIDIA,3000,50:;",
+            "88\0,NVIDIA,3000,50:;",
             "GPU a,NVIDIA,3000,50:;",
             "GPU-a\t,NVIDIA,3000,50:;",
             "GPU-a,NVI DIA,3000,50:;",
