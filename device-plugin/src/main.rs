@@ -48,7 +48,18 @@ fn main() -> ExitCode {
             }),
             Command::Plan(args) => hami_device_plugin::allocation::dry_run::run_plan(&args)
                 .map_err(AppError::from)
-                .map(|report| print_json(&report)),
+                .map(|report| {
+                    for note in &report.notes {
+                        eprintln!("hami-device-plugin plan: nothing to allocate: {note}");
+                    }
+                    if report.removed_temporaries > 0 {
+                        eprintln!(
+                            "hami-device-plugin plan: removed {} leftover temporary file(s) of an interrupted --write",
+                            report.removed_temporaries
+                        );
+                    }
+                    print_json(&report);
+                }),
             Command::InstallHook(args) => hami_device_plugin::install_hook::install_hook(&args)
                 .map_err(AppError::from)
                 .map(|report| {

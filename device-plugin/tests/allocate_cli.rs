@@ -203,3 +203,109 @@ fn dynamic_mig_and_malformed_annotations_are_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("ml/train") && err.contains("1000m"), "{err}");
 }
+
+fn plan_file(dir: &Path, text: &[u8], extra: &[&str]) -> std::process::Output {
+    let path = dir.join("input.yaml");
+    std::fs::write(&path, text).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
+        .args(["plan", "--pod", path.to_str().unwrap(), "--node", "gpu-0"])
+        .args(extra)
+        .env_remove("HOOK_PATH")
+        .env_remove("NODE_NAME")
+        .output()
+        .unwrap()
+}
+
+/// What is not a pod is refused with a clear error, and pathological input is answered at once
+/// (before: an empty file, `{"hello": "world"}` and a billion-laughs document exited 0, and
+/// 100,000 levels of nesting took 19 s).
+#[test]
+fn what_is_not_a_pod_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = format!(
+        "kind: Pod\nx: {}{}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let laughs = "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n\
+                  b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n\
+                  d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n\
+                  f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n";
+    let cases: [(&str, &[u8], &str); 6] = [
+        ("empty", b"", "empty"),
+        ("blank", b"\n  \n", "empty"),
+        ("not a pod", br#"{"hello": "world"}"#, "kind: Pod"),
+        ("a node", b"kind: Node\nmetadata: {name: x}\n", "kind: Pod"),
+        ("deep", deep.as_bytes(), "levels deep"),
+        ("billion laughs", laughs.as_bytes(), ""),
+    ];
+    for (what, text, words) in cases {
+        let started = std::time::Instant::now();
+        let o = plan_file(dir.path(), text, &[]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_ne!(o.status.code(), Some(0), "{what}: {err}");
+        assert!(err.contains(words), "{what}: {err}");
+        assert!(o.stdout.is_empty(), "{what}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{what} took {:?}",
+            started.elapsed()
+        );
+    }
+    let big = vec![b'#'; (9 << 20) as usize];
+    let o = plan_file(dir.path(), &big, &[]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("larger than"));
+}
+
+/// A pod with nothing pending says why instead of printing an empty list without a word.
+#[test]
+fn nothing_pending_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = POD.replace(
+        "\"GPU-a,NVIDIA,1000,20:;;GPU-b,NVIDIA,3000,50:GPU-c,NVIDIA,3000,50:;\"",
+        "\";;;\"",
+    );
+    let o = plan_file(dir.path(), pod.as_bytes(), &[]);
+    assert_eq!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("nothing to allocate") && err.contains("already allocated"),
+        "{err}"
+    );
+    let out: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["containers"], serde_json::json!([]));
+    assert_eq!(out["notes"].as_array().unwrap().len(), 1);
+
+    let pod = POD
+        .replace("hami.io/vgpu-devices-to-allocate:", "other-annotation:")
+        .replace("hami.io/vgpu-node: gpu-0", "hami.io/vgpu-node: gpu-7");
+    let o = plan_file(dir.path(), pod.as_bytes(), &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("has not assigned it devices"), "{err}");
+    assert!(err.contains("node \"gpu-7\", not \"gpu-0\""), "{err}");
+}
+
+/// `plan --write` sweeps the temporaries an interrupted earlier `--write` left, as `run` does.
+#[test]
+fn write_sweeps_leftover_temporaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = dir.path().join("hook");
+    let containers = hook.join("vgpu/containers");
+    std::fs::create_dir_all(&containers).unwrap();
+    let leftover = containers.join(format!(".{UID}_trainer.limits.hami-tmp.1.2.3"));
+    std::fs::write(&leftover, "CUDA_DEVICE_MEMORY_LIMIT_0=30").unwrap();
+    let o = plan_file(
+        dir.path(),
+        POD.as_bytes(),
+        &["--write", "--hook-path", hook.to_str().unwrap()],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!leftover.exists());
+    let out: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["removedTemporaries"], 1);
+}

@@ -51,6 +51,10 @@ pub struct PlanReport {
     pub containers: Vec<AllocationPlan>,
     /// Paths written with `--write`.
     pub written: Vec<PathBuf>,
+    /// Leftover temporary files of an earlier, interrupted `--write` removed before writing.
+    pub removed_temporaries: usize,
+    /// Why nothing is planned, when `containers` is empty (also printed on stderr).
+    pub notes: Vec<String>,
 }
 
 /// Why `plan` failed.
@@ -73,19 +77,86 @@ pub enum DryRunError {
     /// `--write` failed.
     #[error(transparent)]
     Disk(#[from] DiskError),
+    /// Leftover temporaries of an earlier `--write` could not be swept.
+    #[error(transparent)]
+    Sweep(#[from] hami_shared::PublishError),
 }
 
-/// Reads a pod from YAML or JSON.
+/// The largest pod file `plan` reads: well above the API server's 3 MiB request limit.
+pub const MAX_POD_FILE_BYTES: u64 = 8 << 20;
+/// The deepest nesting of `[` / `{` a pod file may have (a real Pod is under 20 levels deep).
+pub const MAX_POD_FILE_DEPTH: usize = 256;
+
+/// The deepest nesting of flow collections (`[`, `{`) outside quoted strings: a cheap scan that
+/// refuses pathological input before a parser recurses into it.
+fn flow_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut quote) = (0usize, 0usize, None::<u8>);
+    let mut escaped = false;
+    for b in text.bytes() {
+        match quote {
+            Some(q) => {
+                if escaped {
+                    escaped = false;
+                } else if b == b'\\' && q == b'"' {
+                    escaped = true;
+                } else if b == q {
+                    quote = None;
+                }
+            }
+            None => match b {
+                b'"' | b'\'' => quote = Some(b),
+                b'[' | b'{' => {
+                    depth += 1;
+                    max = max.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+    }
+    max
+}
+
+/// Reads a pod from YAML or JSON: a document with `kind: Pod`, at most
+/// [`MAX_POD_FILE_BYTES`] and nested at most [`MAX_POD_FILE_DEPTH`] deep.
 pub fn read_pod(path: &Path) -> Result<Pod, DryRunError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DryRunError::Pod {
+    let refuse = |message: String| DryRunError::Pod {
         path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let file = std::fs::File::open(path).map_err(|e| refuse(e.to_string()))?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(file, MAX_POD_FILE_BYTES + 1),
+        &mut text,
+    )
+    .map_err(|e| refuse(e.to_string()))?;
+    if text.len() as u64 > MAX_POD_FILE_BYTES {
+        return Err(refuse(format!(
+            "larger than {MAX_POD_FILE_BYTES} bytes: not a pod (the API server refuses requests over 3 MiB)"
+        )));
+    }
+    if text.trim().is_empty() {
+        return Err(refuse(
+            "the file is empty: expected a Pod (kubectl get pod NAME -o yaml)".to_owned(),
+        ));
+    }
+    let depth = flow_depth(&text);
+    if depth > MAX_POD_FILE_DEPTH {
+        return Err(refuse(format!(
+            "nested {depth} levels deep (at most {MAX_POD_FILE_DEPTH}): not a pod"
+        )));
+    }
     let mut object: serde_json::Value =
         serde_yaml_ng::from_str(&text).map_err(|e| DryRunError::Pod {
             path: path.to_path_buf(),
             message: format!("not YAML or JSON: {e}"),
         })?;
+    if object.get("kind").and_then(serde_json::Value::as_str) != Some("Pod") {
+        return Err(refuse(
+            "not a Pod: the document has no `kind: Pod` (kubectl get pod NAME -o yaml)".to_owned(),
+        ));
+    }
     // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it.
     hami_shared::manifest::quantities_as_strings(&mut object);
     serde_json::from_value(object).map_err(|e| DryRunError::Pod {
@@ -107,8 +178,19 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
     let versioned = settings.libvgpu_host_path(version, true);
     let libvgpu = settings.libvgpu_host_path(version, versioned.is_file());
     let containers = plan_pod(&pod, &settings, &libvgpu)?;
+    let notes = if containers.is_empty() {
+        why_nothing_is_planned(&pod, &args.node)
+    } else {
+        Vec::new()
+    };
     let mut written = Vec::new();
+    let mut removed_temporaries = 0;
     if args.write {
+        // As `run` does at start: an interrupted `plan --write` may have left temporaries.
+        let dir = settings.containers_dir();
+        if dir.is_dir() {
+            removed_temporaries = hami_shared::sweep_temp_files(&dir)?;
+        }
         for plan in &containers {
             let w = execute_plan(plan)?;
             written.extend(w.dir);
@@ -121,5 +203,31 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
         settings,
         containers,
         written,
+        removed_temporaries,
+        notes,
     })
+}
+
+/// Why a pod has nothing for `Allocate` to do, in the words an operator needs.
+fn why_nothing_is_planned(pod: &Pod, node: &str) -> Vec<String> {
+    use hami_shared::names::{ANNOTATION_VGPU_DEVICES_TO_ALLOCATE, ANNOTATION_VGPU_NODE};
+    let annotations = pod.metadata.annotations.as_ref();
+    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
+    let mut notes = Vec::new();
+    match get(ANNOTATION_VGPU_DEVICES_TO_ALLOCATE) {
+        None => notes.push(format!(
+            "the pod has no {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE} annotation: the HAMi scheduler has not assigned it devices (is its schedulerName hami-scheduler, and does it request a HAMi resource?)"
+        )),
+        Some(v) => notes.push(format!(
+            "no {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE} entry names an NVIDIA device any more ({v:?}): every container was already allocated (Allocate erases each entry it serves)"
+        )),
+    }
+    match get(ANNOTATION_VGPU_NODE) {
+        Some(n) if n != node => notes.push(format!(
+            "the scheduler assigned the pod to node {n:?}, not {node:?} (--node)"
+        )),
+        None => notes.push(format!("the pod has no {ANNOTATION_VGPU_NODE} annotation")),
+        Some(_) => {}
+    }
+    notes
 }
