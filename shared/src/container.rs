@@ -19,9 +19,9 @@ use serde::Serialize;
 use crate::hami_core;
 use crate::limits_file::{LimitsFile, LimitsFileError};
 use crate::names::{
-    CONTAINERS_DIR, ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
-    ENV_CUDA_OVERSUBSCRIBE, ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY,
-    ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER, LIMITS_FILE_SUFFIX,
+    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_OVERSUBSCRIBE,
+    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_LIBCUDA_LOG_LEVEL,
+    ENV_LIBVGPU_HOSTPID_BROKER, container_dir_name, limits_file_name,
 };
 use crate::values::{CorePolicy, MemoryLimitMib, SmLimit, TaskPriority};
 
@@ -109,23 +109,18 @@ impl ContainerKey {
 
     /// `<podUID>_<container>`: the per-container folder under `<HOOK>/vgpu/containers`.
     pub fn dir_name(&self) -> String {
-        format!("{}_{}", self.pod_uid, self.container)
+        container_dir_name(&self.pod_uid, &self.container)
     }
 
     /// `<podUID>_<container>.limits`: the limits file beside that folder.
     pub fn limits_file_name(&self) -> String {
-        format!("{}_{}{LIMITS_FILE_SUFFIX}", self.pod_uid, self.container)
-    }
-
-    /// `containers/<podUID>_<container>.limits`, relative to `<HOOK>/vgpu`.
-    pub fn limits_file_relative(&self) -> String {
-        format!("{CONTAINERS_DIR}/{}", self.limits_file_name())
+        limits_file_name(&self.pod_uid, &self.container)
     }
 }
 
 impl fmt::Display for ContainerKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}_{}", self.pod_uid, self.container)
+        f.write_str(&self.dir_name())
     }
 }
 
