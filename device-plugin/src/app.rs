@@ -38,7 +38,7 @@ pub enum AppError {
     #[error(transparent)]
     NoGpu(#[from] NoGpuError),
     /// `run` without a node name.
-    #[error("no node name: set NODE_NAME (downward API spec.nodeName) or pass --node-name")]
+    #[error("no node name: set HAMI_NODE_NAME (downward API spec.nodeName) or pass --node-name")]
     MissingNodeName,
     /// A duration flag is not a positive number of seconds.
     #[error("--{flag}={value} is not a positive number of seconds")]

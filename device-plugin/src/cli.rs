@@ -20,14 +20,104 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Environment names renamed to the `HAMI_` form, `(old, new)`. The old name still works, with a
+/// deprecation notice, when neither the new name nor the flag is given (HAMi's own DaemonSet sets
+/// the old names).
+pub const RENAMED_ENV: [(&str, &str); 2] = [
+    ("NODE_NAME", "HAMI_NODE_NAME"),
+    ("HOOK_PATH", "HAMI_HOOK_PATH"),
+];
+
+/// A parsed command line and the deprecation notices of the environment names it used.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The command line.
+    pub cli: Cli,
+    /// One notice per deprecated environment name that supplied a value (the caller logs them).
+    pub deprecations: Vec<String>,
+}
+
 impl Cli {
-    /// Parses a command line (the program name first), for callers without `clap` in scope.
-    pub fn parse_args<I, T>(args: I) -> Result<Self, clap::Error>
+    /// Parses a command line (the program name first), for callers without `clap` in scope. The
+    /// deprecated environment names of [`RENAMED_ENV`] are read from the process environment.
+    pub fn parse_args<I, T>(args: I) -> Result<Parsed, clap::Error>
     where
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        <Self as Parser>::try_parse_from(args)
+        Self::parse_with_env(args, |name| std::env::var_os(name))
+    }
+
+    /// [`Cli::parse_args`] with the deprecated names looked up through `old_env` (tests).
+    pub fn parse_with_env<I, T>(
+        args: I,
+        old_env: impl Fn(&str) -> Option<std::ffi::OsString>,
+    ) -> Result<Parsed, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Self::command().try_get_matches_from(args)?;
+        let mut cli = Self::from_arg_matches(&matches)?;
+        let mut deprecations = Vec::new();
+        if let Some((_, sub)) = matches.subcommand() {
+            let mut fallback = |old: &str| {
+                let value = old_env(old).filter(|v| !v.is_empty())?;
+                let new = RENAMED_ENV
+                    .iter()
+                    .find(|(o, _)| *o == old)
+                    .map_or("", |(_, n)| *n);
+                deprecations.push(format!("{old} is deprecated: use {new}"));
+                Some(value)
+            };
+            // A value given by flag or by the new name wins; a default gives way to the old name.
+            let defaulted = |id: &str| {
+                matches!(
+                    sub.value_source(id),
+                    None | Some(clap::parser::ValueSource::DefaultValue)
+                )
+            };
+            let wants_node = match &cli.command {
+                Command::Run(args) => args.source.node_name.is_none(),
+                Command::Inventory(args) => args.source.node_name.is_none(),
+                Command::Plan(args) => args.node.is_none(),
+                Command::InstallHook(_) => false,
+            };
+            let wants_hook =
+                !matches!(cli.command, Command::Inventory(_)) && defaulted("hook_path");
+            let node = wants_node
+                .then(|| fallback("NODE_NAME"))
+                .flatten()
+                .map(|v| v.to_string_lossy().into_owned());
+            let hook = wants_hook
+                .then(|| fallback("HOOK_PATH"))
+                .flatten()
+                .map(PathBuf::from);
+            match &mut cli.command {
+                Command::Run(args) => {
+                    args.source.node_name = args.source.node_name.take().or(node);
+                    if let Some(hook) = hook {
+                        args.allocate.hook_path = hook;
+                    }
+                }
+                Command::Inventory(args) => {
+                    args.source.node_name = args.source.node_name.take().or(node);
+                }
+                Command::Plan(args) => {
+                    args.node = args.node.take().or(node);
+                    if let Some(hook) = hook {
+                        args.hook_path = hook;
+                    }
+                }
+                Command::InstallHook(args) => {
+                    if let Some(hook) = hook {
+                        args.hook_path = hook;
+                    }
+                }
+            }
+        }
+        Ok(Parsed { cli, deprecations })
     }
 }
 
@@ -61,7 +151,7 @@ pub enum Command {
     ///                                   HOOK/vgpu/libhami_preload.so
     ///                                   HOOK/vgpu/libvgpu.so
     ///
-    /// HOOK (--hook-path, HOOK_PATH, default /usr/local) must be absolute, without whitespace,
+    /// HOOK (--hook-path, HAMI_HOOK_PATH, default /usr/local) must be absolute, without whitespace,
     /// ':' or '..'; a trailing slash is dropped. HOOK/vgpu and HOOK/vgpu/containers are created
     /// (0755) when missing.
     ///
@@ -94,7 +184,7 @@ pub struct SourceArgs {
     #[arg(long, env = "HAMI_INVENTORY", value_name = "FILE")]
     pub inventory: Option<PathBuf>,
     /// This node's name (downward API `spec.nodeName`).
-    #[arg(long = "node-name", env = "NODE_NAME")]
+    #[arg(long = "node-name", env = "HAMI_NODE_NAME")]
     pub node_name: Option<String>,
     /// Attach each GPU's NUMA node to the kubelet devices (for the topology manager).
     #[arg(long = "enable-numa-topology", env = "HAMI_ENABLE_NUMA_TOPOLOGY")]
@@ -168,7 +258,7 @@ pub struct InventoryArgs {
 #[derive(Debug, Clone, Args)]
 pub struct AllocateArgs {
     /// HAMi-core's install directory on the host (and in the container): `<DIR>/vgpu/...`.
-    #[arg(long = "hook-path", env = "HOOK_PATH", default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
+    #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
     pub hook_path: PathBuf,
     /// Seconds between two passes of the collector of dead pods' files.
     #[arg(
@@ -186,4 +276,90 @@ pub struct AllocateArgs {
         value_name = "SECONDS"
     )]
     pub collect_grace: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use super::*;
+
+    fn parse(args: &[&str], old: &[(&str, &str)]) -> Parsed {
+        let old: Vec<(String, OsString)> = old
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), OsString::from(v)))
+            .collect();
+        Cli::parse_with_env(args, |name| {
+            old.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn old_names_fill_what_flags_and_new_names_leave_open() {
+        let old = [("NODE_NAME", "from-old"), ("HOOK_PATH", "/opt/hami")];
+        let parsed = parse(&["p", "plan", "--pod", "pod.yaml"], &old);
+        let Command::Plan(args) = parsed.cli.command else {
+            panic!("not plan")
+        };
+        assert_eq!(args.node.as_deref(), Some("from-old"));
+        assert_eq!(args.hook_path, PathBuf::from("/opt/hami"));
+        assert_eq!(
+            parsed.deprecations,
+            [
+                "NODE_NAME is deprecated: use HAMI_NODE_NAME",
+                "HOOK_PATH is deprecated: use HAMI_HOOK_PATH"
+            ]
+        );
+
+        // A flag wins and the old name is neither used nor reported.
+        let parsed = parse(
+            &[
+                "p",
+                "plan",
+                "--pod",
+                "x",
+                "--node",
+                "n1",
+                "--hook-path",
+                "/h",
+            ],
+            &old,
+        );
+        let Command::Plan(args) = parsed.cli.command else {
+            panic!("not plan")
+        };
+        assert_eq!(args.node.as_deref(), Some("n1"));
+        assert_eq!(args.hook_path, PathBuf::from("/h"));
+        assert!(parsed.deprecations.is_empty());
+
+        // Without the old names, the defaults stay and nothing is reported.
+        let parsed = parse(
+            &[
+                "p",
+                "install-hook",
+                "--hami-core-dir",
+                "d",
+                "--preload",
+                "f",
+            ],
+            &[],
+        );
+        let Command::InstallHook(args) = parsed.cli.command else {
+            panic!("not install-hook")
+        };
+        assert_eq!(
+            args.hook_path,
+            PathBuf::from(hami_shared::names::DEFAULT_HOOK_PATH)
+        );
+        assert!(parsed.deprecations.is_empty());
+
+        // An empty old value is not a value.
+        let parsed = parse(&["p", "run"], &[("NODE_NAME", "")]);
+        let Command::Run(args) = parsed.cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.source.node_name, None);
+        assert!(parsed.deprecations.is_empty());
+    }
 }

@@ -56,7 +56,7 @@ pub struct InstallHookArgs {
     pub preload: PathBuf,
     /// HAMi's hook path on the host, `HOOK` (the same value as `run --hook-path`): an absolute
     /// path without whitespace, `:` or `..`; the files go to `HOOK/vgpu/`.
-    #[arg(long = "hook-path", env = "HOOK_PATH", default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
+    #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
     pub hook_path: PathBuf,
 }
 

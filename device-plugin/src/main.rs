@@ -14,12 +14,15 @@ fn print_json(value: &impl serde::Serialize) {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::parse_args(std::env::args_os()) {
-        Ok(cli) => cli,
+    let (cli, deprecations) = match Cli::parse_args(std::env::args_os()) {
+        Ok(parsed) => (parsed.cli, parsed.deprecations),
         Err(error) => error.exit(),
     };
     if let Err(error) = hami_ops::init_logging(cli.log_format) {
         eprintln!("hami-device-plugin: {error}");
+    }
+    for notice in &deprecations {
+        tracing::warn!("{notice}");
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -212,6 +212,8 @@ fn plan_file(dir: &Path, text: &[u8], extra: &[&str]) -> std::process::Output {
         .args(extra)
         .env_remove("HOOK_PATH")
         .env_remove("NODE_NAME")
+        .env_remove("HAMI_HOOK_PATH")
+        .env_remove("HAMI_NODE_NAME")
         .output()
         .unwrap()
 }

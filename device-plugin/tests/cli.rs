@@ -23,7 +23,11 @@ const INVENTORY: &str = "
 fn plugin() -> Command {
     let mut cmd = Command::new(BIN);
     for (key, _) in std::env::vars() {
-        if key.starts_with("HAMI_") || key == "NODE_NAME" || key == "KUBECONFIG" {
+        if key.starts_with("HAMI_")
+            || key == "NODE_NAME"
+            || key == "HOOK_PATH"
+            || key == "KUBECONFIG"
+        {
             cmd.env_remove(key);
         }
     }
@@ -152,7 +156,7 @@ fn run_needs_a_node_name_and_sane_durations() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("set NODE_NAME"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("set HAMI_NODE_NAME"));
 
     let out = plugin()
         .args([
@@ -163,7 +167,7 @@ fn run_needs_a_node_name_and_sane_durations() {
             "--inventory",
         ])
         .arg(&inventory)
-        .env("NODE_NAME", "node-a")
+        .env("HAMI_NODE_NAME", "node-a")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -422,4 +426,47 @@ fn a_bad_metrics_address_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--metrics-listen=nowhere"), "{err}");
+}
+
+/// The old environment names (HAMi's `NODE_NAME`, `HOOK_PATH`) still work, with a deprecation
+/// notice in the log; the `HAMI_` names work without one.
+#[test]
+fn old_environment_names_work_with_a_deprecation_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let old = plugin()
+        .args([
+            "run",
+            "--skip-node-register",
+            "--register-interval",
+            "0",
+            "--inventory",
+        ])
+        .arg(&inventory)
+        .env("NODE_NAME", "node-a")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&old.stderr);
+    // The node name was taken (the run got as far as checking the interval) ...
+    assert!(stderr.contains("--register-interval=0"), "{stderr}");
+    // ... and the old name was reported.
+    assert!(
+        stderr.contains("NODE_NAME is deprecated: use HAMI_NODE_NAME"),
+        "{stderr}"
+    );
+    let new = plugin()
+        .args([
+            "run",
+            "--skip-node-register",
+            "--register-interval",
+            "0",
+            "--inventory",
+        ])
+        .arg(&inventory)
+        .env("HAMI_NODE_NAME", "node-a")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&new.stderr);
+    assert!(stderr.contains("--register-interval=0"), "{stderr}");
+    assert!(!stderr.contains("deprecated"), "{stderr}");
 }

@@ -69,6 +69,7 @@ impl Setup {
             .arg("--hook-path")
             .arg(hook)
             .env_remove("HOOK_PATH")
+            .env_remove("HAMI_HOOK_PATH")
             .output()
             .unwrap()
     }

@@ -159,7 +159,7 @@ fn run_args(hook: &Path, kubelet_dir: &Path, inventory: &Path) -> Command {
         "--metrics-listen".into(),
         "off".into(),
     ];
-    Cli::parse_args(args).unwrap().command
+    Cli::parse_args(args).unwrap().cli.command
 }
 
 #[tokio::test]

@@ -279,7 +279,8 @@ async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
         "--metrics-listen".as_ref(),
         "127.0.0.1:0".as_ref(),
     ] as [&std::ffi::OsStr; 16])
-    .unwrap();
+    .unwrap()
+    .cli;
     let Command::Run(args) = cli.command else {
         panic!("not run")
     };

@@ -89,7 +89,7 @@ fn hami_pods_get_the_list_and_the_library_through_allocate_mounts() {
     let (_dir, hook) = installed_hook();
     let report = run_plan(&PlanArgs {
         pod: repo().join("examples/hami-pod-scheduled.yaml"),
-        node: "gpu-0".to_owned(),
+        node: Some("gpu-0".to_owned()),
         config: None,
         node_config: None,
         hook_path: hook.clone(),

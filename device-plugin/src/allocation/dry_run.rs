@@ -21,8 +21,9 @@ pub struct PlanArgs {
     #[arg(long, value_name = "FILE")]
     pub pod: PathBuf,
     /// The node the pod is bound to (selects the node's entry of the node config).
-    #[arg(long, env = "NODE_NAME", value_name = "NODE")]
-    pub node: String,
+    /// Required (flag or `HAMI_NODE_NAME`).
+    #[arg(long, env = "HAMI_NODE_NAME", value_name = "NODE")]
+    pub node: Option<String>,
     /// Global HAMi device config (`device-config.yaml`, `nvidia:` section).
     #[arg(long = "config", env = "HAMI_DEVICE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -30,7 +31,7 @@ pub struct PlanArgs {
     #[arg(long = "node-config", env = "HAMI_NODE_CONFIG", value_name = "FILE")]
     pub node_config: Option<PathBuf>,
     /// HAMi-core's install directory (`<DIR>/vgpu/containers/...`).
-    #[arg(long = "hook-path", env = "HOOK_PATH", default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
+    #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
     pub hook_path: PathBuf,
     /// Also create the directories and publish the limits files, as `run` would.
     #[arg(long)]
@@ -77,6 +78,9 @@ pub enum DryRunError {
     /// `--write` failed.
     #[error(transparent)]
     Disk(#[from] DiskError),
+    /// No node: neither `--node` nor `HAMI_NODE_NAME` (nor the deprecated `NODE_NAME`).
+    #[error("no node: pass --node NODE or set HAMI_NODE_NAME (the node the pod is bound to)")]
+    MissingNode,
     /// Leftover temporaries of an earlier `--write` could not be swept.
     #[error(transparent)]
     Sweep(#[from] hami_shared::PublishError),
@@ -167,11 +171,16 @@ pub fn read_pod(path: &Path) -> Result<Pod, DryRunError> {
 
 /// Runs `plan`.
 pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
+    let node = args
+        .node
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or(DryRunError::MissingNode)?;
     let pod = read_pod(&args.pod)?;
     let settings = load_allocation_settings(
         args.config.as_deref(),
         args.node_config.as_deref(),
-        &args.node,
+        &node,
         &args.hook_path,
     )?;
     let version = env!("CARGO_PKG_VERSION");
@@ -179,7 +188,7 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
     let libvgpu = settings.libvgpu_host_path(version, versioned.is_file());
     let containers = plan_pod(&pod, &settings, &libvgpu)?;
     let notes = if containers.is_empty() {
-        why_nothing_is_planned(&pod, &args.node)
+        why_nothing_is_planned(&pod, &node)
     } else {
         Vec::new()
     };
@@ -199,7 +208,7 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
     }
     Ok(PlanReport {
         pod: super::plan::pod_key(&pod),
-        node: args.node.clone(),
+        node,
         settings,
         containers,
         written,
