@@ -3,3 +3,4 @@
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod module_graph;

@@ -15,7 +15,7 @@
 //!   [`metrics`]: the server's metrics; [`vram`]: the node index, its watch and metrics;
 //!   [`cli`]: the offline commands; [`dev`]: throwaway certificates.
 //!
-//! Modules form an acyclic graph (`tests/module_graph.rs` checks it).
+//! Modules form an acyclic graph (the workspace's `tests/tests/module_graph.rs` checks it).
 #![forbid(unsafe_code)]
 
 pub mod app;
