@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hami_shared::values::{DeliverySource, LimitDelivery};
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -98,6 +97,11 @@ impl Metrics {
     #[must_use]
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("hami_device_plugin");
+        hami_ops::register_build_info(
+            &mut registry,
+            "hami-device-plugin",
+            env!("CARGO_PKG_VERSION"),
+        );
         let allocations = Family::<Label, Counter>::default();
         registry.register(
             "allocations",
@@ -353,13 +357,16 @@ impl Metrics {
         };
     }
 
-    /// The Prometheus text exposition.
+    /// The OpenMetrics text exposition (with the `process_*` metrics).
     #[must_use]
     pub fn encode(&self) -> String {
-        let mut out = String::with_capacity(8192);
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        self.encode_as(hami_ops::Exposition::OpenMetrics)
+    }
+
+    /// The exposition in `format`, followed by the `process_*` metrics.
+    #[must_use]
+    pub fn encode_as(&self, format: hami_ops::Exposition) -> String {
+        hami_ops::encode(&self.registry, format)
     }
 }
 
@@ -379,7 +386,7 @@ pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, String> {
 
 /// The metrics renderer for [`hami_ops::router`].
 pub fn renderer(metrics: Arc<Metrics>) -> hami_ops::MetricsRenderer {
-    Arc::new(move || metrics.encode())
+    Arc::new(move |format| metrics.encode_as(format))
 }
 
 #[cfg(test)]

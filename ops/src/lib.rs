@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::Router;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+pub mod process;
 
 type Probe = Arc<dyn Fn() -> bool + Send + Sync>;
 
@@ -80,8 +83,50 @@ impl Readiness {
     }
 }
 
-/// Renders the metrics exposition (OpenMetrics text, as `prometheus-client` encodes it).
-pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+/// Renders the metrics exposition in the format asked for (see [`encode`]).
+pub type MetricsRenderer = Arc<dyn Fn(Exposition) -> String + Send + Sync>;
+
+/// The two text formats `/metrics` speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exposition {
+    /// OpenMetrics 1.0 text (counters' families without `_total`, `# EOF` at the end): when the
+    /// scraper's `Accept` names `application/openmetrics-text`.
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4 (what `curl` and older scrapers get).
+    Prometheus,
+}
+
+/// A program's registry in `format`, followed by the standard `process_*` metrics
+/// ([`process::ProcessCollector`], unprefixed, as every Prometheus client library names them).
+#[must_use]
+pub fn encode(registry: &Registry, format: Exposition) -> String {
+    let mut process = Registry::default();
+    process.register_collector(Box::new(process::ProcessCollector));
+    let mut out = String::with_capacity(8192);
+    // Writing into a String cannot fail.
+    match format {
+        Exposition::OpenMetrics => {
+            let _ = prometheus_client::encoding::text::encode_registry(&mut out, registry);
+            let _ = prometheus_client::encoding::text::encode_registry(&mut out, &process);
+            let _ = prometheus_client::encoding::text::encode_eof(&mut out);
+        }
+        Exposition::Prometheus => {
+            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
+            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &process);
+        }
+    }
+    out
+}
+
+/// Registers `build_info{version, program}` = 1 in `registry` (with the registry's prefix:
+/// `hami_webhook_build_info`), so that dashboards can tell which release runs where.
+pub fn register_build_info(registry: &mut Registry, program: &'static str, version: &'static str) {
+    registry.register(
+        "build",
+        "The program's name and version (always 1)",
+        prometheus_client::metrics::info::Info::new([("program", program), ("version", version)]),
+    );
+}
 
 /// The OpenMetrics content type.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -125,9 +170,14 @@ pub fn router(metrics: MetricsRenderer, readiness: Readiness) -> Router {
                     } else {
                         PROMETHEUS_TEXT
                     };
+                    let format = if openmetrics {
+                        Exposition::OpenMetrics
+                    } else {
+                        Exposition::Prometheus
+                    };
                     (
                         [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
-                        metrics(),
+                        metrics(format),
                     )
                 }
             }),
@@ -241,7 +291,16 @@ mod tests {
         let s = Arc::clone(&socket);
         let readiness = Readiness::new(&["certificate"])
             .with_probe("socket", move || s.load(Ordering::Acquire));
-        let router = router(Arc::new(|| "# EOF\n".to_owned()), readiness.clone());
+        let mut registry = Registry::with_prefix("hami_test");
+        let requests = prometheus_client::metrics::counter::Counter::<u64>::default();
+        registry.register("requests", "Requests", requests.clone());
+        register_build_info(&mut registry, "hami-test", "1.2.3");
+        requests.inc();
+        let registry = Arc::new(registry);
+        let router = router(
+            Arc::new(move |format| encode(&registry, format)),
+            readiness.clone(),
+        );
         assert_eq!(get(&router, "/healthz", None).await.0, 200);
         let (code, _, body) = get(&router, "/readyz", None).await;
         assert_eq!(
@@ -252,14 +311,44 @@ mod tests {
         socket.store(true, Ordering::Release);
         assert_eq!(get(&router, "/readyz", None).await.0, 200);
         assert!(readiness.is_ready());
+        // Prometheus text 0.0.4 by default: the counter's family is `_total`, no `# EOF`.
         let (_, ct, body) = get(&router, "/metrics", None).await;
-        assert_eq!((ct.as_str(), body.as_str()), (PROMETHEUS_TEXT, "# EOF\n"));
-        let (_, ct, _) = get(
+        assert_eq!(ct, PROMETHEUS_TEXT);
+        assert!(
+            body.contains("# TYPE hami_test_requests_total counter\nhami_test_requests_total 1\n"),
+            "{body}"
+        );
+        assert!(
+            body.contains("hami_test_build_info{program=\"hami-test\",version=\"1.2.3\"} 1"),
+            "{body}"
+        );
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                body.contains(&format!("\n{name} ")),
+                "{name} missing: {body}"
+            );
+        }
+        assert!(!body.contains("# EOF"), "{body}");
+        // OpenMetrics when asked: one `# EOF`, at the end, after the process metrics.
+        let (_, ct, body) = get(
             &router,
             "/metrics",
             Some("application/openmetrics-text;version=1.0.0"),
         )
         .await;
         assert_eq!(ct, OPENMETRICS);
+        assert!(
+            body.contains("# TYPE hami_test_requests counter\nhami_test_requests_total 1\n"),
+            "{body}"
+        );
+        assert!(body.contains("process_resident_memory_bytes "), "{body}");
+        assert_eq!(body.matches("# EOF").count(), 1, "{body}");
+        assert!(body.ends_with("# EOF\n"), "{body}");
     }
 }

@@ -347,6 +347,23 @@ async fn probes_and_counters_on_the_run_path() {
     ] {
         assert_eq!(sample(&text, series), Some(want), "{series} in\n{text}");
     }
+    // What every program exports: which release runs, and the process itself.
+    let build = format!(
+        "hami_device_plugin_build_info{{program=\"hami-device-plugin\",version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(sample(&text, &build), Some(1.0), "{build} in\n{text}");
+    for series in [
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            sample(&text, series).is_some_and(|v| v > 0.0),
+            "{series} in\n{text}"
+        );
+    }
 
     // The pod goes away: the collector (grace 1 ms) removes its directory and limits file.
     pods.delete("ok", &DeleteParams::default()).await.unwrap();

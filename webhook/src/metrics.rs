@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -44,6 +43,7 @@ impl Metrics {
     #[must_use]
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("hami_webhook");
+        hami_ops::register_build_info(&mut registry, "hami-webhook", env!("CARGO_PKG_VERSION"));
         let requests = Family::<Label, Counter>::default();
         registry.register(
             "admission_requests",
@@ -184,13 +184,16 @@ impl Metrics {
         )
     }
 
-    /// The Prometheus text exposition.
+    /// The OpenMetrics text exposition (with the `process_*` metrics).
     #[must_use]
     pub fn encode(&self) -> String {
-        let mut out = String::with_capacity(4096);
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
+        self.encode_as(hami_ops::Exposition::OpenMetrics)
+    }
+
+    /// The exposition in `format`, followed by the `process_*` metrics.
+    #[must_use]
+    pub fn encode_as(&self, format: hami_ops::Exposition) -> String {
+        hami_ops::encode(&self.registry, format)
     }
 }
 

@@ -375,7 +375,7 @@ pub async fn run(
     });
     let render = {
         let metrics = Arc::clone(&metrics);
-        Arc::new(move || metrics.encode())
+        Arc::new(move |format| metrics.encode_as(format))
     };
     let ops = tokio::spawn(hami_ops::serve(
         ops_listener,

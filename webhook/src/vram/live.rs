@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(live.snapshot().basis(&p), Err(SkipReason::NoMatchingNode));
         live.update(|i| i.upsert("n", [(LABEL_GPU_MEMORY, "100")]));
         assert_eq!(live.snapshot().basis(&p), Ok(Basis { mib: 100 }));
-        assert_eq!(live.metrics().basis_mib.get(), 100);
+        assert_eq!(live.metrics().basis_bytes.get(), 100 << 20);
         assert_eq!(live.metrics().nodes_indexed.get(), 1);
         assert_eq!(live.metrics().relists.get(), 1);
     }

@@ -14,9 +14,10 @@ use crate::vram::index::VramIndex;
 /// KAI metrics: basis in use, nodes indexed, caps skipped by reason.
 #[derive(Debug, Clone, Default)]
 pub struct KaiMetrics {
-    /// `hami_webhook_kai_vram_basis_mib`: the basis for a pod without placement constraints
-    /// (the override, or the smallest indexed GPU); 0 when there is none.
-    pub basis_mib: Gauge,
+    /// `hami_webhook_kai_vram_basis_bytes`: the basis for a pod without placement constraints
+    /// (the override, or the smallest indexed GPU), in bytes (base units); 0 when there is none.
+    /// Set it with [`KaiMetrics::set_basis_mib`].
+    pub basis_bytes: Gauge,
     /// `hami_webhook_kai_vram_nodes_indexed`.
     pub nodes_indexed: Gauge,
     /// `hami_webhook_kai_vram_label_invalid`: nodes whose label is present but unusable.
@@ -44,9 +45,9 @@ impl KaiMetrics {
             let _ = self.pods.get_or_create(&[("limit", l.as_str())]);
         }
         registry.register(
-            "kai_vram_basis_mib",
-            "Per-GPU VRAM basis (MiB) for a gpu-fraction pod without placement constraints: PER_GPU_VRAM_MIB, or the smallest indexed GPU; 0 when none",
-            self.basis_mib.clone(),
+            "kai_vram_basis_bytes",
+            "Per-GPU VRAM basis in bytes for a gpu-fraction pod without placement constraints: kai.perGpuVramMib, or the smallest indexed GPU; 0 when none",
+            self.basis_bytes.clone(),
         );
         registry.register(
             "kai_vram_nodes_indexed",
@@ -112,10 +113,13 @@ impl KaiMetrics {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         self.nodes_indexed.set(gauge(index.len()));
         self.label_invalid.set(gauge(index.invalid_labels()));
-        self.basis_mib.set(
-            index
-                .min_mib()
-                .map_or(0, |m| i64::try_from(m).unwrap_or(i64::MAX)),
-        );
+        self.set_basis_mib(index.min_mib().unwrap_or(0));
+    }
+
+    /// Sets the basis gauge from a size in MiB (saturating: a size beyond `i64` bytes is not a GPU).
+    pub fn set_basis_mib(&self, mib: u64) {
+        let bytes = mib.saturating_mul(1 << 20);
+        self.basis_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 }

@@ -57,7 +57,7 @@ impl VramSource {
                         .to_owned(),
                 );
             }
-            metrics.basis_mib.set(i64::try_from(n).unwrap_or(i64::MAX));
+            metrics.set_basis_mib(n);
             return Ok(Self::Fixed(n));
         }
         if let Some(path) = nodes {
@@ -114,7 +114,7 @@ mod tests {
         let fixed = VramSource::choose(Some(16384), None, true, &m).unwrap();
         assert_eq!(basis(&fixed), Ok(Basis { mib: 16384 }));
         assert!(fixed.index_to_watch().is_none());
-        assert_eq!(m.basis_mib.get(), 16384);
+        assert_eq!(m.basis_bytes.get(), 16384 << 20);
         assert!(VramSource::choose(Some(0), None, false, &m).is_err());
         let watched = VramSource::choose(None, None, true, &m).unwrap();
         assert_eq!(basis(&watched), Err(SkipReason::NotSynced));
