@@ -252,7 +252,7 @@ async fn not_ready_before_the_first_list() {
         Fault::Status(500),
     );
     let w = start(&server);
-    let ops = hami_ops::router(Arc::new(String::new), w.readiness.clone());
+    let ops = hami_ops::router(Arc::new(|_| String::new()), w.readiness.clone());
     // Wait until the apiserver has refused a list, then check: not ready, no basis.
     let mut waited = Duration::ZERO;
     while !server.requests().iter().any(|r| r.fault.is_some()) {
