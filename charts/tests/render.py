@@ -168,6 +168,26 @@ SCENARIOS: dict[str, dict] = {
         "webhook": {"kai": {"hookPath": "/opt/kai/vgpu"}},
     },
     "device-plugin-only": {"webhook": {"enabled": False}, "devicePlugin": {"hamiCore": {"install": False}}},
+    # HAMi's vGPU monitor off; the ServiceMonitor then scrapes the plugin's port only.
+    "no-monitor": {"devicePlugin": {"monitor": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
+    # The monitor from another image and port, tuned, with the plugin on HAMi's old port.
+    "monitor-custom": {
+        "devicePlugin": {
+            "hookPath": "/opt/hami",
+            "metricsPort": 9394,
+            "serviceMonitor": {"enabled": True},
+            "monitor": {
+                "image": {"repository": "mirror.example.com/hami", "tag": "v2.10.1", "pullPolicy": "Always"},
+                "port": 9500,
+                "resyncInterval": "90s",
+                "extraArgs": ["-v=4", "--legacy-metrics=true"],
+                "extraEnv": [{"name": "KLOG_V", "value": "4"}],
+                "securityContext": {"seLinuxOptions": SE_LINUX},
+            },
+        }
+    },
+    # HAMi's own device-config ConfigMap (one source of truth with HAMi's scheduler).
+    "existing-device-config": {"deviceConfig": {"existingConfigMap": "hami-scheduler-device", "key": "device-config.yaml"}},
     # Every per-workload override a policy engine or a private registry asks for, on every workload.
     "overrides": OVERRIDES,
 }
@@ -235,6 +255,17 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("serviceMonitor unknown key", {"devicePlugin": {"serviceMonitor": {"port": "metrics"}}}, "port"),
     ("serviceMonitor relabel action unknown", {"webhook": {"serviceMonitor": {"relabelings": [{"action": "rename"}]}}}, "action"),
     ("extraArgs on the pause image", {"hookInstaller": {"pauseImage": {"extraArgs": []}}}, "extraArgs"),
+    ("removed value defaultMemory (HAMi's scheduler reads it)", {"devicePlugin": {"defaultMemory": 1000}}, "defaultMemory"),
+    ("removed value memoryFactor (HAMi's scheduler reads it)", {"devicePlugin": {"memoryFactor": 2}}, "memoryFactor"),
+    ("removed value defaultCores (HAMi's scheduler reads it)", {"devicePlugin": {"defaultCores": 20}}, "defaultCores"),
+    ("defaultGpuNum negative", {"devicePlugin": {"defaultGpuNum": -1}}, "defaultGpuNum"),
+    ("monitor.enabled as a string", {"devicePlugin": {"monitor": {"enabled": "false"}}}, "enabled"),
+    ("monitor port privileged", {"devicePlugin": {"monitor": {"port": 80}}}, "port"),
+    ("monitor resyncInterval without unit", {"devicePlugin": {"monitor": {"resyncInterval": "300"}}}, "resyncInterval"),
+    ("monitor image repository without tag or digest", {"devicePlugin": {"monitor": {"image": {"repository": "mirror/hami"}}}}, "tag"),
+    ("monitor unknown key", {"devicePlugin": {"monitor": {"ctrPath": "/usr/local/vgpu/containers"}}}, "ctrPath"),
+    ("existingConfigMap not a DNS name", {"deviceConfig": {"existingConfigMap": "HAMi_Device"}}, "existingConfigMap"),
+    ("deviceConfig key with a slash", {"deviceConfig": {"key": "a/b.yaml"}}, "key"),
 ]
 
 # certs.certgen.renewal.schedule: what the schema must accept (what Kubernetes' CronJob parser
@@ -293,6 +324,11 @@ CRON_REJECTED = [
 # Values the schema accepts but the templates refuse (relations between values): (what, overrides,
 # text the error must contain).
 TEMPLATE_REJECTS: list[tuple[str, dict, str]] = [
+    (
+        "the vGPU monitor and the plugin on one port",
+        {"devicePlugin": {"metricsPort": 9394}},
+        "devicePlugin.monitor.port (9394) and devicePlugin.metricsPort (9394) are both ports of the device plugin pod",
+    ),
     ("certDays inside the renewal window", {"certs": {"certDays": 30}}, "certs.certDays (30) must be greater"),
     ("caDays inside the renewal window", {"certs": {"caDays": 20, "renewBeforeDays": 25, "certDays": 40}}, "certs.caDays (20)"),
     (
@@ -435,14 +471,19 @@ def check_metrics_services(rendered: dict[str, str], scenario: str, overrides: d
         chosen = [s for s in services if selector.items() <= s["metadata"]["labels"].items()]
         expect(len(chosen) == 1, f"{scenario}: ServiceMonitor {name} selects {[s['metadata']['name'] for s in chosen]}")
         svc = chosen[0]
-        [endpoint] = sm["spec"]["endpoints"]
-        expect(endpoint["port"] == "metrics" and endpoint["path"] == "/metrics" and endpoint["scheme"] == "http", f"{name}: {endpoint}")
-        port = next((p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]), None)
-        expect(port is not None and port["targetPort"] == "metrics", f"{name}: Service {svc['metadata']['name']} has no metrics port")
+        # The device plugin's pod also runs HAMi's vGPU monitor (port `monitor`) unless disabled.
+        monitor_on = name.endswith("device-plugin") and overrides.get("devicePlugin", {}).get("monitor", {}).get("enabled", True)
+        expected_ports = ["metrics", "monitor"] if monitor_on else ["metrics"]
+        endpoints = sm["spec"]["endpoints"]
+        expect([e["port"] for e in endpoints] == expected_ports, f"{name}: endpoints {endpoints}, expected ports {expected_ports}")
         pods = [t for _, t in templates if svc["spec"]["selector"].items() <= t["metadata"]["labels"].items()]
         expect(len(pods) == 1, f"{name}: the Service selects {len(pods)} pod templates")
-        ports = [p for c in pods[0]["spec"]["containers"] for p in c.get("ports", []) if p["name"] == "metrics"]
-        expect(len(ports) == 1 and ports[0]["containerPort"] == port["port"], f"{name}: container metrics port {ports} vs Service {port}")
+        for endpoint in endpoints:
+            expect(endpoint["path"] == "/metrics" and endpoint["scheme"] == "http", f"{name}: {endpoint}")
+            port = next((p for p in svc["spec"]["ports"] if p["name"] == endpoint["port"]), None)
+            expect(port is not None and port["targetPort"] == endpoint["port"], f"{name}: Service {svc['metadata']['name']} has no {endpoint['port']} port")
+            ports = [p for c in pods[0]["spec"]["containers"] for p in c.get("ports", []) if p["name"] == endpoint["port"]]
+            expect(len(ports) == 1 and ports[0]["containerPort"] == port["port"], f"{name}: container {endpoint['port']} port {ports} vs Service {port}")
 
 
 def check_overrides(rendered: dict[str, str]) -> None:
@@ -456,6 +497,7 @@ def check_overrides(rendered: dict[str, str]) -> None:
         "device-plugin": f"{mirror}/hami-limits/hami-device-plugin@{DIGEST}",
         "install-hook": f"{mirror}/hami-limits/hami-device-plugin@{DIGEST}",
         "copy-hami-core": f"{mirror}/projecthami/hami:v2.10.0",
+        "vgpu-monitor": f"{mirror}/projecthami/hami:v2.10.0",
         "pause": f"{mirror}/pause@{DIGEST}",
         "create": f"{mirror}/hami-limits/hami-certgen@{DIGEST}",
         "patch": f"{mirror}/hami-limits/hami-certgen@{DIGEST}",
@@ -498,6 +540,8 @@ def check_overrides(rendered: dict[str, str]) -> None:
             expect(sc["capabilities"]["drop"] == ["ALL"], f"{owner}/{cname}: capabilities {sc['capabilities']}")
             if cname == "device-plugin":
                 expect(sc["capabilities"].get("add") == ["DAC_OVERRIDE", "FOWNER"] and sc.get("runAsUser") == 0, f"{owner}/{cname}: {sc}")
+            if cname == "vgpu-monitor":
+                expect("add" not in sc["capabilities"] and sc.get("runAsUser") == 0 and sc.get("privileged") is False, f"{owner}/{cname}: {sc}")
             args, env = c.get("args", []), c.get("env", [])
             if cname in extra_targets[component]:
                 n = len(v["extraArgs"])
@@ -512,9 +556,9 @@ def check_overrides(rendered: dict[str, str]) -> None:
     dp = monitors[f"{PREFIX}-device-plugin"]
     expect(dp["metadata"]["labels"]["release"] == "kube-prometheus-stack", f"device plugin ServiceMonitor labels {dp['metadata']['labels']}")
     expect(dp["metadata"]["labels"]["app.kubernetes.io/component"] == "device-plugin", "ServiceMonitor lost the chart's labels")
-    [ep] = dp["spec"]["endpoints"]
-    expect(ep["interval"] == "1m" and ep["scrapeTimeout"] == "10s" and ep["honorLabels"] is False, f"device plugin endpoint {ep}")
-    expect(ep["relabelings"] == OVERRIDES["devicePlugin"]["serviceMonitor"]["relabelings"], f"relabelings {ep.get('relabelings')}")
+    for ep in dp["spec"]["endpoints"]:  # the plugin's and the vGPU monitor's, alike
+        expect(ep["interval"] == "1m" and ep["scrapeTimeout"] == "10s" and ep["honorLabels"] is False, f"device plugin endpoint {ep}")
+        expect(ep["relabelings"] == OVERRIDES["devicePlugin"]["serviceMonitor"]["relabelings"], f"relabelings {ep.get('relabelings')}")
     [ep] = monitors[f"{PREFIX}-webhook"]["spec"]["endpoints"]
     expect("scrapeTimeout" not in ep and ep["interval"] == "30s", f"webhook endpoint {ep}: empty scrapeTimeout must leave Prometheus' default")
     expect(ep["metricRelabelings"] == [{"regex": "go_.*", "action": "labeldrop"}] and "relabelings" not in ep, f"webhook endpoint {ep}")

@@ -240,8 +240,9 @@ pub struct RunArgs {
     pub allocate: AllocateArgs,
 }
 
-/// Default of `--metrics-listen`.
-pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9394";
+/// Default of `--metrics-listen`. Not 9394: HAMi's vGPU monitor serves its metrics there, in the
+/// same pod (the chart runs it beside the plugin).
+pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:9396";
 
 /// `inventory` flags.
 #[derive(Debug, Clone, Args)]

@@ -7,8 +7,18 @@
 //! differs). The pod goes to the HAMi scheduler unless it names another scheduler, in which case it
 //! is not a HAMi pod and nothing is changed. A privileged GPU container sees every GPU of the node,
 //! so it is denied (configurable).
+//!
+//! Two more of HAMi's webhook settings (HAMi v2.10.0 `pkg/device/nvidia/device.go`):
+//! `defaultGPUNum` (`mutateContainerResource`, lines 398-415): a container whose **limits** name
+//! the memory, memory-percentage or core resource but not the count resource gets
+//! `<count>: defaultGPUNum` (not when 0, nor when its requests name the count); `overwriteEnv`
+//! (lines 380-385): every container that gets no GPU gets `NVIDIA_VISIBLE_DEVICES=none`, except in
+//! KAI pods (`gpu-memory` / `gpu-fraction`: their GPUs come from another device plugin).
 
-use hami_shared::names::{ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY};
+use hami_shared::names::{
+    ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ENV_CUDA_TASK_PRIORITY,
+    ENV_GPU_CORE_UTILIZATION_POLICY, ENV_NVIDIA_VISIBLE_DEVICES,
+};
 use hami_shared::values::{CorePolicy, TaskPriority};
 
 use crate::mutation::{Denial, PodMutation};
@@ -27,9 +37,27 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
     if !retarget && scheduler != settings.scheduler_name {
         return Ok(());
     }
-    let gpu_names = settings.nvidia.gpu_resource_names();
+    let nvidia = &settings.nvidia;
+    let gpu_names = nvidia.gpu_resource_names();
+    let kai_pod = pod.annotation(ANNOTATION_GPU_MEMORY).is_some()
+        || pod.annotation(ANNOTATION_GPU_FRACTION).is_some();
     let mut any_gpu = false;
     for (at, container) in pod.all_containers() {
+        let gets_gpu = container.limit(&nvidia.resource_count_name).is_some()
+            || (nvidia.default_gpu_num > 0 && names_share_limit(container, nvidia));
+        if gets_gpu
+            && container.limit(&nvidia.resource_count_name).is_none()
+            && !container.names_resource(&nvidia.resource_count_name)
+        {
+            m.patch.set_container_limit(
+                at,
+                &nvidia.resource_count_name,
+                nvidia.default_gpu_num.to_string(),
+            );
+        }
+        if nvidia.overwrite_env && !gets_gpu && !kai_pod {
+            set_env(m, at, container, ENV_NVIDIA_VISIBLE_DEVICES, "none");
+        }
         let Some(resource) = gpu_names
             .iter()
             .copied()
@@ -79,6 +107,18 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
         m.patch.set_scheduler_name(&settings.scheduler_name);
     }
     Ok(())
+}
+
+/// Whether the container's limits name the memory, memory-percentage or core resource (HAMi's
+/// condition for `defaultGPUNum`).
+fn names_share_limit(container: &Container<'_>, nvidia: &crate::settings::NvidiaSettings) -> bool {
+    [
+        &nvidia.resource_memory_name,
+        &nvidia.resource_memory_percentage_name,
+        &nvidia.resource_core_name,
+    ]
+    .into_iter()
+    .any(|n| container.limit(n).is_some())
 }
 
 /// Add `name=value` unless the container defines `name`; a definition with another value (or a

@@ -225,6 +225,21 @@ impl<'p, 'a> PodPatch<'p, 'a> {
         }
     }
 
+    /// Set `resources.limits[name]` of a container whose `resources.limits` exists (the caller
+    /// checked; HAMi's `defaultGPUNum` is added only beside another HAMi limit).
+    pub fn set_container_limit(&mut self, at: ContainerRef, name: &str, value: String) {
+        self.scalars.push(PatchOp {
+            op: PatchOpKind::Add,
+            path: format!(
+                "/spec/{}/{}/resources/limits/{}",
+                at.kind.field(),
+                at.index,
+                escape_token(name)
+            ),
+            value: PatchValue::String(value),
+        });
+    }
+
     /// Whether the container already defines `name` in its env, or this patch adds it.
     #[must_use]
     pub fn container_has_env(&self, at: ContainerRef, name: &str) -> bool {

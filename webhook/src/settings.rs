@@ -37,6 +37,11 @@ pub struct Settings {
     pub server: ServerSettings,
     /// KAI fractional-sharing pods.
     pub kai: KaiSettings,
+    /// A HAMi `device-config.yaml` (e.g. HAMi's own ConfigMap, mounted) whose `nvidia:` section is
+    /// used instead of one in this file (its other sections are ignored). Read by [`Self::load`];
+    /// this file may then have no `nvidia:` section.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_config_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -47,6 +52,7 @@ impl Default for Settings {
             deny_privileged_gpu_containers: true,
             server: ServerSettings::default(),
             kai: KaiSettings::default(),
+            device_config_file: None,
         }
     }
 }
@@ -67,6 +73,13 @@ pub struct NvidiaSettings {
     pub resource_priority_name: String,
     /// `default` (nothing set), `force` or `disable` (set as `GPU_CORE_UTILIZATION_POLICY`).
     pub gpu_core_policy: CorePolicy,
+    /// HAMi's `defaultGPUNum`: a container whose limits name the memory, memory-percentage or
+    /// core resource but not the count gets `<resourceCountName>: N` (0: nothing added). Default 1.
+    #[serde(rename = "defaultGPUNum")]
+    pub default_gpu_num: u32,
+    /// HAMi's `overwriteEnv`: every container of a HAMi pod that gets no GPU gets
+    /// `NVIDIA_VISIBLE_DEVICES=none`. Default false.
+    pub overwrite_env: bool,
 }
 
 impl Default for NvidiaSettings {
@@ -78,6 +91,8 @@ impl Default for NvidiaSettings {
             resource_core_name: "nvidia.com/gpucores".to_owned(),
             resource_priority_name: "nvidia.com/priority".to_owned(),
             gpu_core_policy: CorePolicy::Default,
+            default_gpu_num: 1,
+            overwrite_env: false,
         }
     }
 }
@@ -248,6 +263,62 @@ fn with_current_names(
     (env, notices)
 }
 
+/// The settings file's text with the `nvidia:` section of its `deviceConfigFile` (a HAMi
+/// `device-config.yaml`) put in, so that the layered loader (and the `HAMI_NVIDIA__*` variables
+/// over it) sees one document. Unchanged when the file names no `deviceConfigFile`.
+fn with_device_config(path: &Path, text: &str) -> Result<String, SettingsError> {
+    let bad = |what: String| SettingsError(format!("{}: {what}", path.display()));
+    let Ok(serde_yaml_ng::Value::Mapping(mut doc)) = serde_yaml_ng::from_str(text) else {
+        // Not a mapping: the layered loader reports it with its own message.
+        return Ok(text.to_owned());
+    };
+    let Some(device_file) = doc.get("deviceConfigFile") else {
+        return Ok(text.to_owned());
+    };
+    let Some(device_file) = device_file.as_str().map(PathBuf::from) else {
+        return Err(bad(format!(
+            "deviceConfigFile: {device_file:?} is not a path (accepted: an absolute or relative file path)"
+        )));
+    };
+    if doc.contains_key("nvidia") {
+        return Err(bad(format!(
+            "has both an nvidia: section and deviceConfigFile {}: keep one (the nvidia: section is read from that file)",
+            device_file.display()
+        )));
+    }
+    let device_text = std::fs::read_to_string(&device_file).map_err(|source| {
+        bad(hami_shared::config::ConfigError::Read {
+            path: device_file.clone(),
+            source,
+        }
+        .to_string())
+    })?;
+    let device: serde_yaml_ng::Value = serde_yaml_ng::from_str(&device_text).map_err(|e| {
+        SettingsError(format!(
+            "{} (deviceConfigFile of {}): not YAML: {e}",
+            device_file.display(),
+            path.display()
+        ))
+    })?;
+    let Some(nvidia) = device.get("nvidia").filter(|v| v.is_mapping()) else {
+        return Err(SettingsError(format!(
+            "{} (deviceConfigFile of {}): has no nvidia: section (a HAMi device-config.yaml has one)",
+            device_file.display(),
+            path.display()
+        )));
+    };
+    // The section's values are checked here, so that an error names the file they are in.
+    serde_yaml_ng::from_value::<NvidiaSettings>(nvidia.clone()).map_err(|e| {
+        SettingsError(format!(
+            "{} (deviceConfigFile of {}): nvidia: {e}",
+            device_file.display(),
+            path.display()
+        ))
+    })?;
+    doc.insert("nvidia".into(), nvidia.clone());
+    serde_yaml_ng::to_string(&doc).map_err(|e| bad(e.to_string()))
+}
+
 impl Settings {
     /// Defaults < `file` (YAML or JSON) < `HAMI_*` environment variables. Returns the settings
     /// and a notice per deprecated environment name in use (the caller logs them once).
@@ -281,6 +352,10 @@ impl Settings {
                 )
             })?),
             None => None,
+        };
+        let text = match (file, text) {
+            (Some(path), Some(text)) => Some(with_device_config(path, &text)?),
+            _ => None,
         };
         let file = file
             .zip(text.as_deref())

@@ -114,10 +114,7 @@ nvidia:
   resourceMemoryPercentageName: {{ $d.resourceMemoryPercentageName | quote }}
   resourceCoreName: {{ $d.resourceCoreName | quote }}
   resourcePriorityName: {{ $d.resourcePriorityName | quote }}
-  defaultMemory: {{ $d.defaultMemory | int64 }}
-  defaultCores: {{ $d.defaultCores | int64 }}
   defaultGPUNum: {{ $d.defaultGpuNum | int64 }}
-  memoryFactor: {{ $d.memoryFactor | int64 }}
   overwriteEnv: {{ $d.overwriteEnv }}
   deviceSplitCount: {{ $d.deviceSplitCount | int64 }}
   deviceMemoryScaling: {{ $d.deviceMemoryScaling }}
@@ -272,7 +269,9 @@ spec:
     matchLabels:
       {{- include "hami-limits.selectorLabels" (dict "ctx" $ctx "component" .component) | nindent 6 }}
   endpoints:
-    - port: metrics
+    {{- /* One endpoint per named Service port (`ports`, default [metrics]). */}}
+    {{- range (.ports | default (list "metrics")) }}
+    - port: {{ . }}
       path: /metrics
       scheme: http
       {{- with $v.interval }}
@@ -290,4 +289,23 @@ spec:
       metricRelabelings:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+    {{- end }}
+{{- end -}}
+
+{{/* The ConfigMap holding device-config.yaml: an existing one (deviceConfig.existingConfigMap)
+or the one this chart renders. */}}
+{{- define "hami-limits.deviceConfigMapName" -}}
+{{- .Values.deviceConfig.existingConfigMap | default (printf "%s-device-config" (include "hami-limits.fullname" .)) -}}
+{{- end -}}
+
+{{/* A configMap volume `name` presenting that ConfigMap's device config as device-config.yaml. */}}
+{{- define "hami-limits.deviceConfigVolume" -}}
+- name: {{ .name }}
+  configMap:
+    name: {{ include "hami-limits.deviceConfigMapName" .ctx }}
+    {{- if .ctx.Values.deviceConfig.existingConfigMap }}
+    items:
+      - key: {{ .ctx.Values.deviceConfig.key | quote }}
+        path: device-config.yaml
+    {{- end }}
 {{- end -}}
