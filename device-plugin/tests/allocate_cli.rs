@@ -259,6 +259,30 @@ fn what_is_not_a_pod_is_refused() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("larger than"));
 }
 
+/// A YAML error names the line and column of the user's file; integer quantities are accepted.
+#[test]
+fn errors_name_the_line_of_the_users_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  namespace: default\nspec:\n  nodeName: gpu-0\n  containers:\n    - name: c\n      image: busybox\n      resources:\n        limits:\n          nvidia.com/gpu: 1\n";
+    let o = plan_file(dir.path(), pod.as_bytes(), &[]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // `env` as a map instead of a list: `name: X` is on line 12.
+    let bad = pod.replace(
+        "      image: busybox\n",
+        "      image: busybox\n      env:\n        name: X\n",
+    );
+    let o = plan_file(dir.path(), bad.as_bytes(), &[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_ne!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("at line 12 column"), "{err}");
+    assert!(err.contains("spec.containers[0].env"), "{err}");
+}
+
 /// A pod with nothing pending says why instead of printing an empty list without a word.
 #[test]
 fn nothing_pending_is_explained() {

@@ -66,13 +66,12 @@ pub fn mutate_command(
     if object.get("kind").and_then(Value::as_str) != Some("Pod") {
         return fail("input is not a Pod (kind: Pod)".to_owned());
     }
-    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it.
+    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it (the typed
+    // pod reads it as "1"; the object the patch applies to gets the string too, as kubectl sends).
     hami_shared::manifest::quantities_as_strings(&mut object);
-    let bytes = match serde_json::to_vec(&object) {
-        Ok(b) => b,
-        Err(e) => return fail(e.to_string()),
-    };
-    let pod: Pod<'_> = match serde_json::from_slice(&bytes) {
+    // The typed pod straight from the user's text, so that an error names the user's line and
+    // column (not a column of an internal JSON form).
+    let pod: Pod<'_> = match serde_yaml_ng::from_slice(input) {
         Ok(p) => p,
         Err(e) => return fail(format!("not a valid Pod: {e}")),
     };

@@ -156,10 +156,79 @@ impl EnvVar<'_> {
 /// `resources` of a container.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Resources<'a> {
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_quantity_map")]
     pub limits: Option<StrMap<'a>>,
-    #[serde(borrow, default)]
+    #[serde(borrow, default, deserialize_with = "opt_quantity_map")]
     pub requests: Option<StrMap<'a>>,
+}
+
+/// `resources.limits` / `requests`: quantities are strings on the wire, but a manifest may write
+/// `nvidia.com/gpu: 1`, a number, which kubectl and the API server accept (as does k8s-openapi's
+/// `Quantity`): a number is read as its decimal text.
+fn opt_quantity_map<'de: 'a, 'a, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<StrMap<'a>>, D::Error> {
+    struct MapVisitor<'a>(std::marker::PhantomData<&'a ()>);
+    impl<'de: 'a, 'a> Visitor<'de> for MapVisitor<'a> {
+        type Value = Option<StrMap<'a>>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an object of quantities")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(4));
+            while let Some((k, v)) = map.next_entry::<BorrowedStr<'a>, QuantityText<'a>>()? {
+                entries.push((k.0, v.0));
+            }
+            Ok(Some(StrMap(entries)))
+        }
+    }
+    deserializer.deserialize_option(MapVisitor(std::marker::PhantomData))
+}
+
+/// A quantity: a string (borrowed when it can be), or a number as its decimal text.
+struct QuantityText<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for QuantityText<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct QuantityVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for QuantityVisitor<'a> {
+            type Value = QuantityText<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quantity (a string such as \"1\" or \"500m\", or a number)")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(QuantityText(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(QuantityText(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(QuantityText(Cow::Owned(v)))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(QuantityText(Cow::Owned(v.to_string())))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(QuantityText(Cow::Owned(v.to_string())))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(QuantityText(Cow::Owned(v.to_string())))
+            }
+        }
+        deserializer.deserialize_any(QuantityVisitor(std::marker::PhantomData))
+    }
 }
 
 /// `securityContext` of a container (only what admission checks).

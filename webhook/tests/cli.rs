@@ -193,3 +193,32 @@ fn help_on_every_command() {
         assert!(help.contains(flag), "{flag} in {help}");
     }
 }
+
+/// kubectl-style YAML: integer quantities are accepted (as kubectl and the API server accept
+/// them), and a real error names the line and column of the user's file, not of an internal JSON
+/// form.
+#[test]
+fn mutate_reads_kubectl_yaml_and_locates_errors_in_it() {
+    let integers = POD_YAML
+        .replace("nvidia.com/gpu: \"1\"", "nvidia.com/gpu: 1")
+        .replace("nvidia.com/priority: \"0\"", "nvidia.com/priority: 0");
+    let out = run(&["mutate", "-f", "-"], &integers);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let as_strings = run(&["mutate", "-f", "-"], POD_YAML);
+    assert_eq!(text(&out.stdout), text(&as_strings.stdout));
+
+    // `env` written as a map instead of a list: the error names the user's line.
+    let bad = integers.replace(
+        "        - name: CUDA_TASK_PRIORITY\n          value: \"3\"\n",
+        "        name: CUDA_TASK_PRIORITY\n",
+    );
+    let line = 1 + bad
+        .lines()
+        .position(|l| l == "        name: CUDA_TASK_PRIORITY")
+        .unwrap();
+    let out = run(&["mutate", "-f", "-"], &bad);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("at line {line} column")), "{err}");
+    assert!(err.contains("spec.containers[0].env"), "{err}");
+}

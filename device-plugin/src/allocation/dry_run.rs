@@ -151,7 +151,7 @@ pub fn read_pod(path: &Path) -> Result<Pod, DryRunError> {
             "nested {depth} levels deep (at most {MAX_POD_FILE_DEPTH}): not a pod"
         )));
     }
-    let mut object: serde_json::Value =
+    let object: serde_json::Value =
         serde_yaml_ng::from_str(&text).map_err(|e| DryRunError::Pod {
             path: path.to_path_buf(),
             message: format!("not YAML or JSON: {e}"),
@@ -161,9 +161,10 @@ pub fn read_pod(path: &Path) -> Result<Pod, DryRunError> {
             "not a Pod: the document has no `kind: Pod` (kubectl get pod NAME -o yaml)".to_owned(),
         ));
     }
-    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it.
-    hami_shared::manifest::quantities_as_strings(&mut object);
-    serde_json::from_value(object).map_err(|e| DryRunError::Pod {
+    // The typed pod straight from the user's text, so that an error names the user's line and
+    // column. (`nvidia.com/gpu: 1`, a YAML integer, is a valid quantity: kubectl and the API
+    // server accept it, and so does k8s-openapi's `Quantity`.)
+    serde_yaml_ng::from_str(&text).map_err(|e| DryRunError::Pod {
         path: path.to_path_buf(),
         message: format!("not a Pod: {e}"),
     })
