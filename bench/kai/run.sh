@@ -15,6 +15,10 @@
 # 10,000-node NodeList given with --nodes instead of --per-gpu-vram-mib).
 #
 # Needs: h2load (nghttp2-client), go (golang-go), openssl, taskset, python3.
+#
+# On another machine (e.g. an idle many-core one) with prebuilt parts, nothing is built:
+#   BIN=path/to/hami-webhook GO_PEER_BIN=path/to/go-peer FIXTURES_DIR=dir/with/kai-fraction-*.json \
+#   H2LOAD=path/to/h2load bench/kai/run.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,7 +31,11 @@ SERVER_CORE=${SERVER_CORE:-0}
 LOAD_CORE=${LOAD_CORE:-1}
 OUT=${OUT:-$ROOT/bench/kai/results.md}
 
-for t in h2load go openssl taskset python3 curl; do
+H2LOAD=${H2LOAD:-h2load}
+FIXTURES_DIR=${FIXTURES_DIR:-$HANDBOOK/bench/fixtures}
+needs=(openssl taskset python3 curl "$H2LOAD")
+[ -n "${GO_PEER_BIN:-}" ] || needs+=(go)
+for t in "${needs[@]}"; do
   command -v "$t" >/dev/null 2>&1 || { echo "missing $t (apt-get install -y nghttp2-client golang-go openssl)" >&2; exit 1; }
 done
 
@@ -40,14 +48,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== building hami-webhook (release)"
-(cd "$ROOT" && cargo build --release -q -p hami-webhook)
-BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/hami-webhook"
+if [ -z "${BIN:-}" ]; then
+  echo "== building hami-webhook (release)"
+  (cd "$ROOT" && cargo build --release -q -p hami-webhook)
+  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/hami-webhook"
+fi
 
-echo "== building the Go peer"
-cp -r "$HANDBOOK/bench/go-peer" "$WORK/go-peer"
-chmod -R u+w "$WORK/go-peer"
-(cd "$WORK/go-peer" && GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$WORK/gocache" go build -o "$WORK/go-peer-bin" .)
+if [ -n "${GO_PEER_BIN:-}" ]; then
+  cp "$GO_PEER_BIN" "$WORK/go-peer-bin"
+else
+  echo "== building the Go peer"
+  cp -r "$HANDBOOK/bench/go-peer" "$WORK/go-peer"
+  chmod -R u+w "$WORK/go-peer"
+  (cd "$WORK/go-peer" && GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$WORK/gocache" go build -o "$WORK/go-peer-bin" .)
+fi
 
 echo "== test certificate, settings, a 10,000-node NodeList"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
@@ -96,8 +110,8 @@ for _ in $(seq 1 100); do curl -sk -o /dev/null https://127.0.0.1:29443/mutate &
 declare -A PORT=([go]=29443 [ours-env-all]=28446 [ours-env]=28443 [ours-file]=28444 [ours-nodes]=28445)
 SERVERS=(go ours-env-all ours-env ours-file ours-nodes)
 FIXTURES=(
-  "kai-fraction-small:$HANDBOOK/bench/fixtures/kai-fraction-small.json:$N"
-  "kai-fraction-large:$HANDBOOK/bench/fixtures/kai-fraction-large.json:$N_LARGE"
+  "kai-fraction-small:$FIXTURES_DIR/kai-fraction-small.json:$N"
+  "kai-fraction-large:$FIXTURES_DIR/kai-fraction-large.json:$N_LARGE"
 )
 
 # Same answer from each server: the limit they compute (0.25 and 0.5 of 16384 MiB).
@@ -111,7 +125,7 @@ done
 
 load() { # port fixture n -> "req_per_s failed"
   local out rps failed
-  out=$(taskset -c "$LOAD_CORE" h2load --h1 -c "$CLIENTS" -m 1 -n "$3" -d "$2" \
+  out=$(taskset -c "$LOAD_CORE" "$H2LOAD" --h1 -c "$CLIENTS" -m 1 -n "$3" -d "$2" \
     -H 'Content-Type: application/json' "https://127.0.0.1:$1/mutate" 2>&1)
   rps=$(sed -n 's/^finished in .*, \([0-9.]*\) req\/s.*/\1/p' <<<"$out")
   failed=$(sed -n 's/^requests: .* \([0-9]*\) failed.*/\1/p' <<<"$out")

@@ -24,8 +24,13 @@ OURS_METRICS=${OURS_METRICS:-18090}
 GO_PORT=${GO_PORT:-19443}
 OUT=${OUT:-$ROOT/bench/webhook/results.md}
 
+# On another machine (e.g. an idle many-core one) with prebuilt parts, nothing is built or installed:
+#   BIN=path/to/hami-webhook GO_PEER_BIN=path/to/go-peer FIXTURES_DIR=dir/with/the/handbook/fixtures \
+#   H2LOAD=path/to/h2load bench/webhook/run.sh
+H2LOAD=${H2LOAD:-h2load}
+FIXTURES_DIR=${FIXTURES_DIR:-$HANDBOOK/bench/fixtures}
 need() { command -v "$1" >/dev/null 2>&1; }
-if ! need h2load || ! need go; then
+if [ -z "${GO_PEER_BIN:-}" ] && { ! need "$H2LOAD" || ! need go; }; then
   if [ "$(id -u)" = 0 ]; then
     echo "== installing nghttp2-client golang-go"
     apt-get update -qq && apt-get install -y -qq nghttp2-client golang-go >/dev/null
@@ -34,7 +39,8 @@ if ! need h2load || ! need go; then
     exit 1
   fi
 fi
-for t in h2load go openssl taskset; do need "$t" || { echo "missing $t" >&2; exit 1; }; done
+for t in "$H2LOAD" openssl taskset; do need "$t" || { echo "missing $t" >&2; exit 1; }; done
+[ -n "${GO_PEER_BIN:-}" ] || need go || { echo "missing go" >&2; exit 1; }
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -45,15 +51,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "== building hami-webhook (release)"
-(cd "$ROOT" && cargo build --release -q -p hami-webhook)
-TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
-BIN="$TARGET_DIR/release/hami-webhook"
+if [ -z "${BIN:-}" ]; then
+  echo "== building hami-webhook (release)"
+  (cd "$ROOT" && cargo build --release -q -p hami-webhook)
+  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/hami-webhook"
+fi
 
-echo "== building the Go peer"
-cp -r "$HANDBOOK/bench/go-peer" "$WORK/go-peer"
-chmod -R u+w "$WORK/go-peer"
-(cd "$WORK/go-peer" && GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$WORK/gocache" go build -o "$WORK/go-peer-bin" .)
+if [ -n "${GO_PEER_BIN:-}" ]; then
+  cp "$GO_PEER_BIN" "$WORK/go-peer-bin"
+else
+  echo "== building the Go peer"
+  cp -r "$HANDBOOK/bench/go-peer" "$WORK/go-peer"
+  chmod -R u+w "$WORK/go-peer"
+  (cd "$WORK/go-peer" && GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$WORK/gocache" go build -o "$WORK/go-peer-bin" .)
+fi
 
 echo "== test certificate"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
@@ -78,10 +89,10 @@ done
 curl -sf "http://127.0.0.1:$OURS_METRICS/readyz" >/dev/null || { cat "$WORK/ours.log"; exit 1; }
 
 FIXTURES=(
-  "plain-pod:$HANDBOOK/bench/fixtures/plain-pod.json"
+  "plain-pod:$FIXTURES_DIR/plain-pod.json"
   "hami-pod:$ROOT/bench/webhook/fixtures/hami-pod.json"
-  "kai-fraction-small:$HANDBOOK/bench/fixtures/kai-fraction-small.json"
-  "kai-fraction-large:$HANDBOOK/bench/fixtures/kai-fraction-large.json"
+  "kai-fraction-small:$FIXTURES_DIR/kai-fraction-small.json"
+  "kai-fraction-large:$FIXTURES_DIR/kai-fraction-large.json"
 )
 
 # CPU time (user + system) of a process so far, in clock ticks.
@@ -96,7 +107,7 @@ load() { # pid port fixture extra-args...
   local log="$WORK/h2load.log" out t0 t1
   rm -f "$log"
   t0=$(ticks "$pid")
-  out=$(taskset -c "$LOAD_CORE" h2load --h1 -c "$CLIENTS" -m 1 -d "$fixture" \
+  out=$(taskset -c "$LOAD_CORE" "$H2LOAD" --h1 -c "$CLIENTS" -m 1 -d "$fixture" \
     -H 'Content-Type: application/json' --log-file="$log" "$@" "https://127.0.0.1:$port/mutate" 2>&1)
   t1=$(ticks "$pid")
   local rps failed
