@@ -292,19 +292,19 @@ mod tests {
             (
                 r#""gpu-fraction":"NaN""#,
                 Err(
-                    r#"pod ml/train-1: annotation gpu-fraction="NaN" is not a decimal number (e.g. "0.25"; no sign, unit, space, hex, NaN or Inf)"#,
+                    r#"pod ml/train-1: annotation gpu-fraction="NaN" is not a decimal number (e.g. "0.25", ".5", "25e-2"; no unit, space, `_`, hex, NaN or Inf)"#,
                 ),
             ),
             (
                 r#""gpu-fraction":"-0.5""#,
                 Err(
-                    r#"pod ml/train-1: annotation gpu-fraction="-0.5" is not a decimal number (e.g. "0.25"; no sign, unit, space, hex, NaN or Inf)"#,
+                    r#"pod ml/train-1: annotation gpu-fraction="-0.5" is not strictly between 0 and 1"#,
                 ),
             ),
             (
                 r#""gpu-fraction":" 0.5""#,
                 Err(
-                    r#"pod ml/train-1: annotation gpu-fraction=" 0.5" is not a decimal number (e.g. "0.25"; no sign, unit, space, hex, NaN or Inf)"#,
+                    r#"pod ml/train-1: annotation gpu-fraction=" 0.5" is not a decimal number (e.g. "0.25", ".5", "25e-2"; no unit, space, `_`, hex, NaN or Inf)"#,
                 ),
             ),
             (
