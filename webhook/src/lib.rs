@@ -6,7 +6,8 @@
 //!   and [`kai`] (KAI fractional pods) over a [`mutation::PodMutation`];
 //! - [`mutation`]: the decision's types, below the policies; [`basis`]: the per-GPU VRAM basis
 //!   as the decision reads it; [`placement`]: where a pod can land;
-//! - [`pod`]: the minimal borrowed Pod view; [`patch`]: JSONPatch building; [`review`]:
+//! - [`pod`]: the minimal borrowed Pod view; [`mountpath`]: mount paths compared cleaned;
+//!   [`patch`]: JSONPatch building; [`review`]:
 //!   AdmissionReview parsing and the response; [`settings`]: every setting with its default.
 //!
 //! Shell:
@@ -27,6 +28,7 @@ pub mod dev;
 pub mod hami;
 pub mod kai;
 pub mod metrics;
+pub mod mountpath;
 pub mod mutation;
 pub mod patch;
 pub mod placement;

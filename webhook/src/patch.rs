@@ -277,13 +277,15 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             .push((volume.name.clone(), PatchValue::DownwardVolume(volume)));
     }
 
-    /// Whether the container has, or this patch adds, a mount at `mount_path`.
+    /// Whether the container has, or this patch adds, a mount at `mount_path` (a clean absolute
+    /// path; the container's own paths are compared cleaned).
     #[must_use]
     pub fn container_has_mount_path(&self, at: ContainerRef, mount_path: &str) -> bool {
         self.pod.container(at).is_some_and(|c| {
-            c.volume_mounts
-                .as_deref()
-                .is_some_and(|m| m.iter().any(|m| m.mount_path == mount_path))
+            c.volume_mounts.as_deref().is_some_and(|m| {
+                m.iter()
+                    .any(|m| crate::mountpath::resolve(&m.mount_path) == mount_path)
+            })
         }) || self.containers.get(&at).is_some_and(|a| {
             a.volume_mounts
                 .iter()

@@ -505,7 +505,7 @@ fn denials() {
         .push(json!({"name": "mine", "emptyDir": {}}));
     assert_eq!(
         denial(&foreign, &s),
-        "pod ml-team/train-: container \"train\" mounts volume \"mine\" at /overrideEnv, where HAMi-core reads the limits file; the path is reserved for hami-limits"
+        "pod ml-team/train-: container \"train\" mounts volume \"mine\" at \"/overrideEnv\" (/overrideEnv), at the same path as the mount hami-limits adds: volume \"hami-limits\" at /overrideEnv (the limits file HAMi-core reads; the path is reserved for hami-limits); remove or move that mount"
     );
     let mut reserved = base();
     reserved["spec"]["volumes"]
@@ -533,6 +533,97 @@ fn denials() {
     let mut bad = base();
     bad["metadata"]["annotations"]["gpu-fraction"] = json!("0x1p-2");
     assert!(denial(&bad, &s).contains("gpu-fraction=\"0x1p-2\" is not a decimal number"));
+}
+
+#[test]
+fn mount_paths_are_compared_cleaned_and_mounts_above_or_inside_ours_are_denied() {
+    let s = settings(16384);
+    let with_mount = |path: &str| {
+        let mut pod = object(SMALL);
+        pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "mine", "mountPath": path}));
+        pod["spec"]["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "mine", "emptyDir": {}}));
+        pod
+    };
+    let limits = "volume \"hami-limits\" at /overrideEnv";
+    let preload = "volume \"kai-resource-isolator-vgpu\" at /etc/ld.so.preload";
+    let hook = "volume \"kai-resource-isolator-vgpu\" at /usr/local/vgpu";
+    // (their mountPath, how it stands to ours, our mount)
+    let cases: &[(&str, &str, &str)] = &[
+        ("/overrideEnv/", "at the same path as", limits),
+        ("//overrideEnv", "at the same path as", limits),
+        ("/./overrideEnv", "at the same path as", limits),
+        ("/tmp/../overrideEnv", "at the same path as", limits),
+        ("/../overrideEnv", "at the same path as", limits),
+        ("overrideEnv", "at the same path as", limits),
+        ("/etc/ld.so.preload/", "at the same path as", preload),
+        ("//etc//ld.so.preload", "at the same path as", preload),
+        ("/etc/./ld.so.preload", "at the same path as", preload),
+        ("/var/../etc/ld.so.preload", "at the same path as", preload),
+        ("/usr/local/vgpu/", "at the same path as", hook),
+        ("/usr//local/./vgpu", "at the same path as", hook),
+        ("/usr/local/vgpu/libvgpu.so", "inside", hook),
+        ("/etc", "above", preload),
+        ("/etc/", "above", preload),
+        ("/usr/local", "above", hook),
+        ("/", "above", hook),
+        ("//", "above", hook),
+    ];
+    for &(path, how, ours) in cases {
+        let message = denial(&with_mount(path), &s);
+        let theirs = format!("container \"train\" mounts volume \"mine\" at {path:?}");
+        assert!(
+            message.contains(&theirs) && message.contains(how) && message.contains(ours),
+            "{path}: {message}"
+        );
+    }
+    // Neighbours that share only a prefix are not ours.
+    for path in [
+        "/overrideEnvX",
+        "/overrideEn",
+        "/etc/ld.so.preload.d",
+        "/usr/local/vgpu2",
+        "/et",
+    ] {
+        let out = mutate(&with_mount(path), &s);
+        assert!(
+            out.pod.spec.as_ref().unwrap().containers[0]
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|m| m.mount_path == "/overrideEnv"),
+            "{path}"
+        );
+    }
+    // Our own mounts, spelled unclean by an earlier writer, are recognised (nothing added twice).
+    let mut pod = with_mount("/data");
+    pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "kai-resource-isolator-vgpu", "mountPath": "/etc//ld.so.preload", "subPath": "ld.so.preload", "readOnly": true}));
+    let out = mutate(&pod, &s);
+    let preload_mounts = out.pod.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|m| m.mount_path.contains("ld.so.preload"))
+        .count();
+    assert_eq!(preload_mounts, 1);
+    // Our volume at our path with another subPath (a folder where the loader wants a file) is not
+    // ours.
+    let mut pod = with_mount("/data");
+    pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "kai-resource-isolator-vgpu", "mountPath": "/etc/ld.so.preload"}));
+    assert!(denial(&pod, &s).contains("at the same path as"));
 }
 
 #[test]

@@ -20,6 +20,7 @@ use hami_shared::names::OVERRIDE_ENV_PATH;
 use hami_shared::values::{LimitDelivery, MemoryLimitMib};
 use serde_json::Value;
 
+use crate::kai::inject::{OurMount, check_mounts};
 use crate::mutation::{Denial, PodMutation, ProjectedFile};
 use crate::patch::{DownwardApi, DownwardItem, DownwardVolume, FieldRef, NewMount};
 use crate::pod::ContainerRef;
@@ -67,7 +68,8 @@ pub fn limits_file(
 /// `/overrideEnv` (HAMi-core would read that file instead of the cap).
 ///
 /// # Errors
-/// [`Denial`] for a foreign `/overrideEnv` mount, a pod-defined volume named `hami-limits` that
+/// [`Denial`] for a mount of the container's own at, above or inside `/overrideEnv` (see
+/// [`check_mounts`]), a pod-defined volume named `hami-limits` that
 /// is not the webhook's, or a container name that is not a DNS-1123 label.
 pub fn deliver(
     m: &mut PodMutation<'_, '_>,
@@ -78,17 +80,16 @@ pub fn deliver(
     let pod = m.pod();
     for &at in limited {
         let Some(c) = pod.container(at) else { continue };
-        if let Some(mnt) = c.volume_mounts.as_deref().and_then(|ms| {
-            ms.iter().find(|mnt| {
-                mnt.mount_path == OVERRIDE_ENV_PATH
-                    && !(mnt.name == LIMITS_VOLUME && mnt.sub_path.as_deref() == Some(&*c.name))
-            })
-        }) {
-            return Err(m.deny(format_args!(
-                "container {:?} mounts volume {:?} at {OVERRIDE_ENV_PATH}, where HAMi-core reads the limits file; the path is reserved for hami-limits",
-                c.name, mnt.name
-            )));
-        }
+        check_mounts(
+            m,
+            c,
+            &[OurMount {
+                volume: LIMITS_VOLUME,
+                path: OVERRIDE_ENV_PATH,
+                sub_path: Some(&c.name),
+                what: "the limits file HAMi-core reads; the path is reserved for hami-limits",
+            }],
+        )?;
     }
     let mut wanted: Vec<(ContainerRef, String, String)> = Vec::new();
     if delivery == LimitDelivery::File {
