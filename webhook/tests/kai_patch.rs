@@ -7,7 +7,7 @@
 
 use hami_shared::limits_file::parse;
 use hami_webhook::basis::{NoBasis, NotSynced, VramBasis};
-use hami_webhook::kai::{KaiSettings, PreloadContainers};
+use hami_webhook::kai::{KaiSettings, MissingBasis, PreloadContainers};
 use hami_webhook::settings::Settings;
 use hami_webhook::vram::{KaiMetrics, VramIndex};
 use hami_webhook::{Decision, Observation, decide_pod};
@@ -624,6 +624,70 @@ fn mount_paths_are_compared_cleaned_and_mounts_above_or_inside_ours_are_denied()
         .unwrap()
         .push(json!({"name": "kai-resource-isolator-vgpu", "mountPath": "/etc/ld.so.preload"}));
     assert!(denial(&pod, &s).contains("at the same path as"));
+}
+
+#[test]
+fn missing_basis_deny_refuses_fraction_pods_without_a_basis_only() {
+    let deny = Settings {
+        kai: KaiSettings {
+            missing_basis: MissingBasis::Deny,
+            ..KaiSettings::default()
+        },
+        ..Settings::default()
+    };
+    let pod = object(SMALL);
+    for (basis, reason) in [
+        (
+            &NoBasis as &dyn VramBasis,
+            "no per-GPU VRAM basis is configured",
+        ),
+        (&NotSynced, "the GPU node list has not been read yet"),
+    ] {
+        let Decision::Deny { message } = decide_with(&pod, &deny, basis) else {
+            panic!("not denied");
+        };
+        for needle in [
+            "annotation gpu-fraction=\"0.25\" needs the per-GPU VRAM",
+            reason,
+            "kai.missingBasis is deny",
+            "nvidia.com/gpu.memory",
+            "kai.perGpuVramMib (HAMI_KAI__PER_GPU_VRAM_MIB)",
+            "gpu-memory=<MiB>",
+        ] {
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+    }
+    // No labelled node the pod can land on: refused too.
+    let index = node_index(json!({"kind": "NodeList", "items": [
+        {"metadata": {"name": "t4", "labels": {"nvidia.com/gpu.memory": "15360", "pool": "infer"}}}]}));
+    let mut nowhere = object(SMALL);
+    nowhere["spec"]["nodeSelector"] = json!({"pool": "cpu"});
+    let Decision::Deny { message } = decide_with(&nowhere, &deny, &index) else {
+        panic!("not denied");
+    };
+    assert!(
+        message.contains("no GPU node this pod can be placed on"),
+        "{message}"
+    );
+    // With a basis it is capped as usual; gpu-memory needs none; warn (default) admits uncapped.
+    assert!(matches!(
+        decide_with(&object(SMALL), &deny, &index),
+        Decision::Allow { .. }
+    ));
+    let mut memory = object(SMALL);
+    memory["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("gpu-fraction");
+    memory["metadata"]["annotations"]["gpu-memory"] = json!("4000");
+    assert!(matches!(
+        decide_with(&memory, &deny, &NoBasis),
+        Decision::Allow { .. }
+    ));
+    assert!(matches!(
+        decide_with(&object(SMALL), &Settings::default(), &NoBasis),
+        Decision::Allow { .. }
+    ));
 }
 
 #[test]
