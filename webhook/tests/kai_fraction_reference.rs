@@ -8,6 +8,8 @@
 //! shared with the parser). For every accepted value, `of(mib)` must equal
 //! `floor(value × mib)` computed with big integers.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use hami_webhook::kai::quantity::{Fraction, KaiValueError};
 use num_bigint::BigUint;
 

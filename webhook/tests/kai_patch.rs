@@ -690,6 +690,80 @@ fn missing_basis_deny_refuses_fraction_pods_without_a_basis_only() {
     ));
 }
 
+/// A KAI gpu-fraction pod with `n` tiny containers, as the tester's.
+fn many_containers(n: usize) -> Value {
+    let containers: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("c{i}"), "image": "x"}))
+        .collect();
+    json!({"metadata": {"name": "wide", "namespace": "ml", "annotations": {"gpu-fraction": "0.5"}},
+        "spec": {"schedulerName": "kai-scheduler", "containers": containers}})
+}
+
+#[test]
+fn wide_pods_are_denied_before_their_patch_outgrows_what_can_be_stored() {
+    let s = settings(16384);
+    // A few hundred containers: fine.
+    let out = mutate(&many_containers(300), &s);
+    assert_eq!(
+        annotation(&out.pod, "limits.hami.io/c299"),
+        Some("CUDA_DEVICE_MEMORY_LIMIT=8192m\nHAMI_LIMITS_FORMAT=1\n")
+    );
+    // 5,000: the limits files alone pass the API server's 256 KiB of annotations.
+    let message = denial(&many_containers(5000), &s);
+    assert!(message.contains("pod ml/wide: the limits files of its 5000 containers would bring the pod's annotations past 256 KiB"), "{message}");
+    // The tester's 91,358: the variables pass the patch bound before the files are built.
+    let message = denial(&many_containers(91_358), &s);
+    assert!(
+        message.contains("take more than 1536 KiB of JSONPatch"),
+        "{message}"
+    );
+    // In env mode there is no file, but the variables alone pass 1.5 MiB of patch.
+    let mut env = many_containers(91_358);
+    env["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+    let message = denial(&env, &s);
+    assert!(
+        message.contains("pod ml/wide: the changes hami-limits must make to its 91358 containers and init containers take more than 1536 KiB of JSONPatch"),
+        "{message}"
+    );
+    // With every container preloaded too.
+    let all = Settings {
+        kai: KaiSettings {
+            preload_containers: PreloadContainers::All,
+            ..s.kai.clone()
+        },
+        ..s.clone()
+    };
+    assert!(denial(&env, &all).contains("take more than 1536 KiB of JSONPatch"));
+    // Just under the bound is admitted: every patch that is answered fits.
+    let mut fits = many_containers(2000);
+    fits["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+    let Decision::Allow { patch, .. } = decide(&fits, &all) else {
+        panic!("2000 containers in env mode fit");
+    };
+    let bytes = serde_json::to_vec(&patch).unwrap().len();
+    assert!(bytes <= hami_webhook::patch::MAX_PATCH_BYTES, "{bytes}");
+    assert!(
+        bytes > 500_000,
+        "{bytes}: the case should be near the bound to mean something"
+    );
+}
+
+#[test]
+fn warnings_are_capped() {
+    let mut pod = many_containers(100);
+    for c in pod["spec"]["containers"].as_array_mut().unwrap() {
+        let name = c["name"].as_str().unwrap().to_owned();
+        c["env"] =
+            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": format!("{}m", name.len())}]);
+    }
+    let out = mutate(&pod, &settings(16384));
+    assert_eq!(out.warnings.len(), hami_webhook::mutation::MAX_WARNINGS + 1);
+    assert_eq!(
+        out.warnings.last().unwrap(),
+        "and 84 more warnings (only the first 16 are shown)"
+    );
+}
+
 #[test]
 fn opted_out_and_other_scheduler_pods_are_untouched() {
     let mut pod = object(SMALL);

@@ -81,6 +81,7 @@ pub fn preload(
             continue;
         };
         check_mounts(m, container, &ours)?;
+        m.check_patch_size()?;
         for our in &ours {
             if m.patch.container_has_mount_path(at, our.path) {
                 continue;
@@ -221,6 +222,7 @@ pub fn memory_limit(
     let pod = m.pod();
     let mut limited = Vec::new();
     for (at, container) in pod.all_containers() {
+        m.check_patch_size()?;
         match limit_state(container, &value) {
             LimitState::Unset => {
                 if !m.patch.container_has_env(at, ENV_CUDA_DEVICE_MEMORY_LIMIT) {
