@@ -813,24 +813,62 @@ CUSTOM_MATCH_CASES = [
 ]
 
 
+LIMITS_FILE = "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_LIMITS_FORMAT=1\n"
+MUTATED = {"gpu-fraction": "0.5", "limits.hami.io/c": LIMITS_FILE}
+
+# (what, old pod, new pod, sent to the UPDATE webhook)
+UPDATE_MATCH_CASES = [
+    ("plain pod relabelled", pod(), pod(annotations={"team": "a"}), False),
+    ("plain pod without annotations", pod(), pod(), False),
+    ("HAMi GPU pod relabelled (nothing owned)", pod(containers=[ctr(limits={"nvidia.com/gpu": "1"})]),
+     pod(annotations={"x": "y"}, containers=[ctr(limits={"nvidia.com/gpu": "1"})]), False),
+    ("mutated KAI pod, unchanged", pod(annotations=MUTATED), pod(annotations=MUTATED), True),
+    ("mutated KAI pod, limits file raised", pod(annotations=MUTATED),
+     pod(annotations={**MUTATED, "limits.hami.io/c": "CUDA_DEVICE_MEMORY_LIMIT=999999m\n"}), True),
+    ("limits file removed with every annotation", pod(annotations=MUTATED), pod(), True),
+    ("limits file added to a plain pod", pod(annotations={"team": "a"}),
+     pod(annotations={"team": "a", "limits.hami.io/c": LIMITS_FILE}), True),
+    ("KAI request removed", pod(annotations={"gpu-memory": "4000"}), pod(annotations={}), True),
+    ("limit-delivery added", pod(), pod(annotations={"hami.io/limit-delivery": "FILE"}), True),
+    ("look-alike key", pod(), pod(annotations={"x.limits.hami.io/c": "1", "limits.hami.io.x/c": "1"}), False),
+]
+
+
 def check_match_conditions(rendered: dict[str, str], scenario: str) -> int:
-    """Evaluates the rendered CEL matchConditions (cel-python) against pods: which are sent."""
+    """Evaluates the rendered CEL matchConditions (cel-python) against pods: which are sent, to the
+    CREATE webhook (the first) and the UPDATE one (the second)."""
     text = next((t for k, t in rendered.items() if k.endswith("mutatingwebhook.yaml")), "")
     if not text.strip():
         return 0
     config = helm.values_from_yaml(text)
-    conditions = config["webhooks"][0].get("matchConditions")
-    if not conditions:
+    hooks = config["webhooks"]
+    if len(hooks) != 2:
+        raise Failure(f"matchConditions ({scenario}): {len(hooks)} webhooks, expected CREATE and UPDATE")
+    conditions = hooks[0].get("matchConditions")
+    update_conditions = hooks[1].get("matchConditions")
+    if not conditions or not update_conditions:
+        if conditions or update_conditions:
+            raise Failure(f"matchConditions ({scenario}): on one webhook only")
         return 0
     env = celpy.Environment()
-    programs = [(c["name"], env.program(env.compile(c["expression"]))) for c in conditions]
+
+    def compiled(conds: list) -> list:
+        return [(c["name"], env.program(env.compile(c["expression"]))) for c in conds]
+
+    programs = compiled(conditions)
     cases = CUSTOM_MATCH_CASES if scenario == "custom-names" else MATCH_CASES
     for what, candidate, expected in cases:
         # The webhook is called only when every condition is true.
         sent = all(bool(p.evaluate({"object": celpy.json_to_cel(candidate)})) for _, p in programs)
         if sent != expected:
             raise Failure(f"matchConditions ({scenario}): {what}: sent={sent}, expected {expected}")
-    return len(cases)
+    update_programs = compiled(update_conditions)
+    for what, old, new, expected in UPDATE_MATCH_CASES:
+        activation = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
+        sent = all(bool(p.evaluate(activation)) for _, p in update_programs)
+        if sent != expected:
+            raise Failure(f"UPDATE matchConditions ({scenario}): {what}: sent={sent}, expected {expected}")
+    return len(cases) + len(UPDATE_MATCH_CASES)
 
 
 # Maps whose keys are data (labels, quantities), not chart values.

@@ -6,6 +6,8 @@
 //! 2. [`crate::hami`] — HAMi GPU pods: task priority, core policy, scheduler, privileged check;
 //! 3. [`crate::kai`] — KAI fractional pods: HAMi-core preload, memory cap, limits files.
 //!
+//! An `UPDATE` goes to [`crate::update`] instead: the webhook-owned annotations are frozen.
+//!
 //! A policy reads the pod through [`PodMutation::pod`], asks for changes through
 //! [`PodMutation::patch`], adds warnings with [`PodMutation::warn`], records what the shell should
 //! count with [`PodMutation::observe`], and returns a [`Denial`] to stop the pod. The types live
@@ -16,14 +18,16 @@ use crate::mutation::{Decision, Denial, PodMutation};
 use crate::pod::Pod;
 use crate::review::AdmissionRequest;
 use crate::settings::Settings;
-use crate::{delivery, hami, kai};
+use crate::{delivery, hami, kai, update};
 
 /// Decide one admission request; `vram` is the per-GPU VRAM basis for `gpu-fraction` pods (a
 /// read-only snapshot: the decision takes no lock).
 ///
-/// Only `CREATE` of a core/v1 Pod is decided; any other operation or resource is allowed unchanged
-/// (the webhook is registered for pod CREATE; answering others harmlessly keeps a misregistration
-/// from blocking the cluster). A `CREATE` without an object is [`Decision::Invalid`].
+/// `CREATE` of a core/v1 Pod is decided by the policies; `UPDATE` by [`crate::update`] (the
+/// webhook-owned annotations are frozen; never a patch). Any other operation or resource is
+/// allowed unchanged (answering them harmlessly keeps a misregistration from blocking the
+/// cluster). A `CREATE` without an object, or an `UPDATE` without both objects, is
+/// [`Decision::Invalid`].
 #[must_use]
 pub fn decide(
     request: &AdmissionRequest<'_>,
@@ -37,6 +41,14 @@ pub fn decide(
     }
     match request.operation.as_deref() {
         Some("CREATE") => {}
+        Some("UPDATE") => {
+            let (Some(pod), Some(old)) = (&request.object, &request.old_object) else {
+                return Decision::Invalid {
+                    message: "invalid AdmissionReview: request.object and request.oldObject are required for UPDATE".to_owned(),
+                };
+            };
+            return update::review(pod, old, request.namespace.as_deref());
+        }
         Some(_) => return Decision::allow(),
         None => {
             return Decision::Invalid {

@@ -66,6 +66,7 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
             continue;
         };
         any_gpu = true;
+        m.check_patch_size()?;
         if container.is_privileged() {
             let why = format!(
                 "container {:?} is privileged and requests {resource}: a privileged container sees every GPU on the node",

@@ -3,10 +3,12 @@
 //! Pure core:
 //! - [`decide`]: the decision over one AdmissionRequest ([`decide::decide`]), running the
 //!   policies [`delivery`] (the `hami.io/limit-delivery` annotation), [`hami`] (HAMi GPU pods)
-//!   and [`kai`] (KAI fractional pods) over a [`mutation::PodMutation`];
+//!   and [`kai`] (KAI fractional pods) over a [`mutation::PodMutation`]; [`update`] for UPDATE
+//!   (the webhook-owned annotations may not change);
 //! - [`mutation`]: the decision's types, below the policies; [`basis`]: the per-GPU VRAM basis
 //!   as the decision reads it; [`placement`]: where a pod can land;
-//! - [`pod`]: the minimal borrowed Pod view; [`patch`]: JSONPatch building; [`review`]:
+//! - [`pod`]: the minimal borrowed Pod view; [`mountpath`]: mount paths compared cleaned;
+//!   [`patch`]: JSONPatch building; [`review`]:
 //!   AdmissionReview parsing and the response; [`settings`]: every setting with its default.
 //!
 //! Shell:
@@ -27,6 +29,7 @@ pub mod dev;
 pub mod hami;
 pub mod kai;
 pub mod metrics;
+pub mod mountpath;
 pub mod mutation;
 pub mod patch;
 pub mod placement;
@@ -35,6 +38,7 @@ pub mod review;
 pub mod server;
 pub mod settings;
 pub mod tls;
+pub mod update;
 pub mod vram;
 
 pub use basis::VramBasis;

@@ -5,7 +5,7 @@
 //! [`crate::decide`] imports them: nothing here imports a policy, so the house has no circle.
 
 use crate::basis::SkipReason;
-use crate::patch::{PatchOp, PodPatch};
+use crate::patch::{MAX_PATCH_BYTES, PatchOp, PodPatch};
 use crate::pod::Pod;
 
 /// The answer to one admission request.
@@ -145,9 +145,14 @@ pub struct PodMutation<'p, 'a> {
     /// The changes asked for so far.
     pub patch: PodPatch<'p, 'a>,
     warnings: Vec<String>,
+    /// Distinct warnings past [`MAX_WARNINGS`], counted only.
+    more_warnings: usize,
     limits_files: Vec<ProjectedFile>,
     observations: Vec<Observation>,
 }
+
+/// The most warnings one response carries (the API server shows them all to the user).
+pub const MAX_WARNINGS: usize = 16;
 
 impl<'p, 'a> PodMutation<'p, 'a> {
     /// Start deciding `pod`; `request_namespace` is the request's namespace, used when the object
@@ -159,6 +164,7 @@ impl<'p, 'a> PodMutation<'p, 'a> {
             request_namespace,
             patch: PodPatch::new(pod),
             warnings: Vec::new(),
+            more_warnings: 0,
             limits_files: Vec::new(),
             observations: Vec::new(),
         }
@@ -184,10 +190,38 @@ impl<'p, 'a> PodMutation<'p, 'a> {
         }
     }
 
-    /// Add a warning (shown by kubectl). Duplicates are dropped.
+    /// Add a warning (shown by kubectl). Duplicates are dropped; past [`MAX_WARNINGS`] they are
+    /// only counted (a pod of many containers could otherwise carry megabytes of them).
     pub fn warn(&mut self, warning: String) {
-        if !self.warnings.contains(&warning) {
+        if self.warnings.contains(&warning) {
+            return;
+        }
+        if self.warnings.len() < MAX_WARNINGS {
             self.warnings.push(warning);
+        } else {
+            self.more_warnings += 1;
+        }
+    }
+
+    /// A denial for a pod whose patch would pass [`MAX_PATCH_BYTES`].
+    #[must_use]
+    pub fn deny_patch_too_large(&self) -> Denial {
+        let containers = self.pod.all_containers().count();
+        self.deny(format_args!(
+            "the changes hami-limits must make to its {containers} containers and init containers take more than {} KiB of JSONPatch ({MAX_PATCH_BYTES} bytes: etcd's default request limit, so the pod could not be stored); use fewer containers, or give them fewer GPU settings to add",
+            MAX_PATCH_BYTES / 1024
+        ))
+    }
+
+    /// [`Err`] once the patch is over budget, for loops over containers to stop early.
+    ///
+    /// # Errors
+    /// [`Self::deny_patch_too_large`].
+    pub fn check_patch_size(&self) -> Result<(), Denial> {
+        if self.patch.over_budget() {
+            Err(self.deny_patch_too_large())
+        } else {
+            Ok(())
         }
     }
 
@@ -207,9 +241,21 @@ impl<'p, 'a> PodMutation<'p, 'a> {
         self.observations.push(observation);
     }
 
-    /// The decision: the patch, warnings, files and observations.
+    /// The decision: the patch, warnings, files and observations; a denial when the patch went
+    /// over [`MAX_PATCH_BYTES`].
     #[must_use]
-    pub fn into_decision(self) -> Decision {
+    pub fn into_decision(mut self) -> Decision {
+        if self.patch.over_budget() {
+            return Decision::Deny {
+                message: self.deny_patch_too_large().message,
+            };
+        }
+        if self.more_warnings > 0 {
+            self.warnings.push(format!(
+                "and {} more warnings (only the first {MAX_WARNINGS} are shown)",
+                self.more_warnings
+            ));
+        }
         Decision::Allow {
             patch: self.patch.into_ops(),
             warnings: self.warnings,

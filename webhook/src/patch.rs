@@ -7,7 +7,7 @@
 //! operations are applied.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -144,14 +144,30 @@ struct ContainerAdds {
     volume_mounts: Vec<PatchValue>,
 }
 
+/// The largest JSONPatch a review may answer with: 1.5 MiB, etcd's default request limit
+/// (`--max-request-bytes`), so no object carrying more could be stored anyway. A pod whose patch
+/// would be larger is denied ([`PodPatch::over_budget`]), before the patch is built past it.
+pub const MAX_PATCH_BYTES: usize = 3 << 19;
+
+/// Bytes of JSON one operation adds besides its strings: `{"op":"add","path":"…","value":…}`,
+/// the longest index path and the value's own keys, rounded up.
+const OP_OVERHEAD: usize = 96;
+
 /// Accumulates the changes the decision modules want and renders them as a JSONPatch that applies
-/// to the original object.
+/// to the original object. Every lookup is a hash or tree lookup, so a pod of N containers costs
+/// O(N log N); the size the rendered patch will have is tracked (an upper estimate) and nothing is
+/// kept once it passes [`MAX_PATCH_BYTES`].
 #[derive(Debug)]
 pub struct PodPatch<'p, 'a> {
     pod: &'p Pod<'a>,
     scalars: Vec<PatchOp>,
     annotations: Vec<(String, String)>,
+    /// Key → index in `annotations`.
+    annotation_index: HashMap<String, usize>,
     removed_annotations: Vec<String>,
+    removed_index: HashSet<String>,
+    /// Estimated bytes of the rendered JSONPatch (at least its real size).
+    bytes: usize,
     /// (name, volume).
     volumes: Vec<(String, PatchValue)>,
     containers: BTreeMap<ContainerRef, ContainerAdds>,
@@ -165,10 +181,32 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             pod,
             scalars: Vec::new(),
             annotations: Vec::new(),
+            annotation_index: HashMap::new(),
             removed_annotations: Vec::new(),
+            removed_index: HashSet::new(),
+            bytes: 0,
             volumes: Vec::new(),
             containers: BTreeMap::new(),
         }
+    }
+
+    /// Whether the patch would exceed [`MAX_PATCH_BYTES`]; once it does, additions are dropped and
+    /// the decision must deny the pod.
+    #[must_use]
+    pub fn over_budget(&self) -> bool {
+        self.bytes > MAX_PATCH_BYTES
+    }
+
+    /// The estimated size of the rendered patch in bytes (at least its real size).
+    #[must_use]
+    pub fn estimated_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Count `n` more bytes; false when over budget (the caller then keeps nothing).
+    fn spend(&mut self, n: usize) -> bool {
+        self.bytes = self.bytes.saturating_add(n);
+        !self.over_budget()
     }
 
     /// The pod being patched.
@@ -189,6 +227,9 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
     /// Set `spec.schedulerName`.
     pub fn set_scheduler_name(&mut self, name: &str) {
+        if !self.spend(OP_OVERHEAD + json_len(name)) {
+            return;
+        }
         // `add` on an object member replaces an existing value and creates a missing one.
         self.scalars.push(PatchOp {
             op: PatchOpKind::Add,
@@ -204,9 +245,15 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
     /// [`Self::set_annotation`] with owned strings (no copy).
     pub fn set_annotation_owned(&mut self, key: String, value: String) {
-        if let Some(slot) = self.annotations.iter_mut().find(|(k, _)| *k == key) {
-            slot.1 = value;
+        // The key twice: in the path (escaped) or as the member name.
+        if !self.spend(OP_OVERHEAD + 2 * json_len(&key) + json_len(&value)) {
+            return;
+        }
+        if let Some(&i) = self.annotation_index.get(&key) {
+            self.annotations[i].1 = value;
         } else {
+            self.annotation_index
+                .insert(key.clone(), self.annotations.len());
             self.annotations.push((key, value));
         }
     }
@@ -220,7 +267,8 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             .annotations
             .as_ref()
             .is_some_and(|a| a.contains_key(key));
-        if present && !self.removed_annotations.iter().any(|k| k == key) {
+        if present && !self.removed_index.contains(key) && self.spend(OP_OVERHEAD + json_len(key)) {
+            self.removed_index.insert(key.to_owned());
             self.removed_annotations.push(key.to_owned());
         }
     }
@@ -255,6 +303,9 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
     /// Add `name=value` to the container's env. The caller has checked the variable is not set.
     pub fn add_env(&mut self, at: ContainerRef, name: &str, value: String) {
+        if !self.spend(OP_OVERHEAD + json_len(name) + json_len(&value)) {
+            return;
+        }
         self.containers
             .entry(at)
             .or_default()
@@ -278,6 +329,9 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
     /// Add a volume (a complete `Volume` object with a `name`).
     pub fn add_volume(&mut self, volume: Value) {
+        if !self.spend(OP_OVERHEAD + volume.to_string().len()) {
+            return;
+        }
         let name = volume
             .get("name")
             .and_then(Value::as_str)
@@ -288,17 +342,28 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
     /// Add a `downwardAPI` volume.
     pub fn add_downward_volume(&mut self, volume: DownwardVolume) {
+        let items: usize = volume
+            .downward_api
+            .items
+            .iter()
+            .map(|i| 64 + json_len(&i.path) + json_len(&i.field_ref.field_path))
+            .sum();
+        if !self.spend(OP_OVERHEAD + json_len(&volume.name) + items) {
+            return;
+        }
         self.volumes
             .push((volume.name.clone(), PatchValue::DownwardVolume(volume)));
     }
 
-    /// Whether the container has, or this patch adds, a mount at `mount_path`.
+    /// Whether the container has, or this patch adds, a mount at `mount_path` (a clean absolute
+    /// path; the container's own paths are compared cleaned).
     #[must_use]
     pub fn container_has_mount_path(&self, at: ContainerRef, mount_path: &str) -> bool {
         self.pod.container(at).is_some_and(|c| {
-            c.volume_mounts
-                .as_deref()
-                .is_some_and(|m| m.iter().any(|m| m.mount_path == mount_path))
+            c.volume_mounts.as_deref().is_some_and(|m| {
+                m.iter()
+                    .any(|m| crate::mountpath::resolve(&m.mount_path) == mount_path)
+            })
         }) || self.containers.get(&at).is_some_and(|a| {
             a.volume_mounts
                 .iter()
@@ -308,6 +373,13 @@ impl<'p, 'a> PodPatch<'p, 'a> {
 
     /// Add a volume mount to the container.
     pub fn add_volume_mount(&mut self, at: ContainerRef, mount: NewMount) {
+        let strings = json_len(&mount.name)
+            + json_len(&mount.mount_path)
+            + mount.sub_path.as_deref().map_or(0, |s| 16 + json_len(s));
+        // `mountPath`, `subPath`, `readOnly` keys besides the common ones.
+        if !self.spend(OP_OVERHEAD + 64 + strings) {
+            return;
+        }
         self.containers
             .entry(at)
             .or_default()
@@ -380,6 +452,19 @@ impl<'p, 'a> PodPatch<'p, 'a> {
     }
 }
 
+/// An upper bound of the bytes `s` takes as a JSON string (every byte escaped as `\u00XX` at
+/// worst would be 6×; control characters are rare, so count quotes and 2× for `"` and `\`).
+fn json_len(s: &str) -> usize {
+    2 + s.len()
+        + s.bytes()
+            .map(|b| match b {
+                b'"' | b'\\' => 1,
+                0..0x20 => 5,
+                _ => 0,
+            })
+            .sum::<usize>()
+}
+
 /// Append `items` to the array at `path`: one `add …/-` per item when the array exists and is
 /// non-empty, else one `add` of the whole array (which also replaces a `null` or `[]`).
 fn push_array_adds(ops: &mut Vec<PatchOp>, path: String, exists: bool, items: Vec<PatchValue>) {
@@ -415,6 +500,71 @@ mod tests {
             kind: ContainerKind::Regular,
             index: 0,
         }
+    }
+
+    #[test]
+    fn size_estimate_is_never_below_the_rendered_patch() {
+        let containers: Vec<String> = (0..300)
+            .map(|i| format!(r#"{{"name":"c{i}","env":[{{"name":"A","value":"1"}}],"volumeMounts":[{{"name":"v","mountPath":"/v"}}]}}"#))
+            .collect();
+        let json = format!(
+            r#"{{"metadata":{{"annotations":{{"limits.hami.io/old":"x"}}}},"spec":{{"volumes":[{{"name":"v"}}],"initContainers":[{{"name":"i"}}],"containers":[{}]}}}}"#,
+            containers.join(",")
+        );
+        let pod: Pod<'_> = serde_json::from_str(&json).unwrap();
+        let mut p = PodPatch::new(&pod);
+        p.set_scheduler_name("hami-scheduler");
+        p.remove_annotation("limits.hami.io/old");
+        p.add_volume(json!({"name": "w", "hostPath": {"path": "/usr/local/vgpu", "type": "DirectoryOrCreate"}}));
+        for (at, c) in pod.all_containers() {
+            p.add_env(at, "CUDA_DEVICE_MEMORY_LIMIT", "4096m".into());
+            p.add_env(at, "QUOTED", "a\"b\\c\u{1}".into());
+            p.set_annotation_owned(
+                format!("limits.hami.io/{}", c.name),
+                "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_LIMITS_FORMAT=1\n".into(),
+            );
+            for (path, sub) in [
+                ("/usr/local/vgpu", None),
+                ("/etc/ld.so.preload", Some("ld.so.preload")),
+            ] {
+                p.add_volume_mount(
+                    at,
+                    NewMount {
+                        name: "kai-resource-isolator-vgpu".into(),
+                        mount_path: path.into(),
+                        sub_path: sub.map(str::to_owned),
+                        read_only: true,
+                    },
+                );
+            }
+        }
+        p.add_downward_volume(DownwardVolume {
+            name: "hami-limits".into(),
+            downward_api: DownwardApi {
+                default_mode: 0o444,
+                items: pod
+                    .all_containers()
+                    .map(|(_, c)| DownwardItem {
+                        path: c.name.to_string(),
+                        field_ref: FieldRef {
+                            api_version: "v1",
+                            field_path: format!(
+                                "metadata.annotations['limits.hami.io/{}']",
+                                c.name
+                            ),
+                        },
+                    })
+                    .collect(),
+            },
+        });
+        assert!(!p.over_budget());
+        let estimate = p.estimated_bytes();
+        let real = serde_json::to_vec(&p.into_ops()).unwrap().len();
+        assert!(estimate >= real, "estimate {estimate} < real {real}");
+        assert!(
+            estimate < real * 2,
+            "estimate {estimate} far above real {real}"
+        );
     }
 
     #[test]

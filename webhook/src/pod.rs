@@ -362,6 +362,14 @@ pub struct Pod<'a> {
     pub spec: PodSpec<'a>,
 }
 
+/// Only the metadata of a Pod: the old object of an UPDATE, of which nothing else is read (its
+/// spec is skipped unparsed).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct PodMetadata<'a> {
+    #[serde(borrow, default)]
+    pub metadata: ObjectMeta<'a>,
+}
+
 /// Which list a container is in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ContainerKind {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::mutation::Outcome;
 use crate::mutation::{Decision, Observation};
-use crate::pod::Pod;
+use crate::pod::{Pod, PodMetadata};
 
 /// `admission.k8s.io/v1`.
 pub const API_VERSION_V1: &str = "admission.k8s.io/v1";
@@ -55,6 +55,9 @@ pub struct AdmissionRequest<'a> {
     /// `None` when absent or `null` (DELETE, CONNECT).
     #[serde(borrow, default)]
     pub object: Option<Pod<'a>>,
+    /// The pod before an UPDATE (metadata only); `None` for CREATE.
+    #[serde(borrow, default)]
+    pub old_object: Option<PodMetadata<'a>>,
     #[serde(default)]
     pub dry_run: Option<bool>,
 }

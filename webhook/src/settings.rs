@@ -466,6 +466,27 @@ mod tests {
     }
 
     #[test]
+    fn missing_basis_from_file_and_environment() {
+        use crate::kai::MissingBasis;
+        assert_eq!(Settings::default().kai.missing_basis, MissingBasis::Warn);
+        let (s, _) = Settings::load_from_env(
+            None,
+            [("HAMI_KAI__MISSINGBASIS".to_owned(), "deny".to_owned())],
+        )
+        .unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
+        let s: Settings = serde_yaml_ng::from_str("kai:\n  missingBasis: deny\n").unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
+        let err = Settings::load_from_env(
+            None,
+            [("HAMI_KAI__MISSINGBASIS".to_owned(), "fail".to_owned())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("fail") && err.contains("warn"), "{err}");
+    }
+
+    #[test]
     fn old_environment_names_still_work_with_a_notice() {
         let env = |pairs: &[(&str, &str)]| {
             pairs

@@ -461,8 +461,11 @@ fn operations_and_kinds_other_than_pod_create_are_allowed_unchanged() {
     for op in ["UPDATE", "DELETE", "CONNECT"] {
         let mut r = fixture(HAMI_POD);
         r["request"]["operation"] = json!(op);
-        if op == "DELETE" {
-            r["request"]["oldObject"] = r["request"]["object"].take();
+        match op {
+            "DELETE" => r["request"]["oldObject"] = r["request"]["object"].take(),
+            // An UPDATE that does not touch the owned annotations: allowed, never patched.
+            "UPDATE" => r["request"]["oldObject"] = r["request"]["object"].clone(),
+            _ => {}
         }
         let answer = run(&r, &Settings::default());
         assert_eq!(answer.outcome, Outcome::Allowed, "{op}");
@@ -470,6 +473,19 @@ fn operations_and_kinds_other_than_pod_create_are_allowed_unchanged() {
     let mut r = fixture(HAMI_POD);
     r["request"]["kind"] = json!({"group":"apps","version":"v1","kind":"Deployment"});
     assert_eq!(run(&r, &Settings::default()).outcome, Outcome::Allowed);
+}
+
+#[test]
+fn update_without_both_objects_is_invalid() {
+    for missing in ["object", "oldObject"] {
+        let mut r = fixture(HAMI_POD);
+        r["request"]["operation"] = json!("UPDATE");
+        r["request"]["oldObject"] = r["request"]["object"].clone();
+        r["request"][missing] = Value::Null;
+        let answer = run(&r, &Settings::default());
+        assert_eq!(answer.outcome, Outcome::Invalid, "{missing}");
+        assert!(answer.message.unwrap().contains("required for UPDATE"));
+    }
 }
 
 #[test]

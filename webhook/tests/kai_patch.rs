@@ -7,7 +7,7 @@
 
 use hami_shared::limits_file::parse;
 use hami_webhook::basis::{NoBasis, NotSynced, VramBasis};
-use hami_webhook::kai::{KaiSettings, PreloadContainers};
+use hami_webhook::kai::{KaiSettings, MissingBasis, PreloadContainers};
 use hami_webhook::settings::Settings;
 use hami_webhook::vram::{KaiMetrics, VramIndex};
 use hami_webhook::{Decision, Observation, decide_pod};
@@ -505,7 +505,7 @@ fn denials() {
         .push(json!({"name": "mine", "emptyDir": {}}));
     assert_eq!(
         denial(&foreign, &s),
-        "pod ml-team/train-: container \"train\" mounts volume \"mine\" at /overrideEnv, where HAMi-core reads the limits file; the path is reserved for hami-limits"
+        "pod ml-team/train-: container \"train\" mounts volume \"mine\" at \"/overrideEnv\" (/overrideEnv), at the same path as the mount hami-limits adds: volume \"hami-limits\" at /overrideEnv (the limits file HAMi-core reads; the path is reserved for hami-limits); remove or move that mount"
     );
     let mut reserved = base();
     reserved["spec"]["volumes"]
@@ -533,6 +533,235 @@ fn denials() {
     let mut bad = base();
     bad["metadata"]["annotations"]["gpu-fraction"] = json!("0x1p-2");
     assert!(denial(&bad, &s).contains("gpu-fraction=\"0x1p-2\" is not a decimal number"));
+}
+
+#[test]
+fn mount_paths_are_compared_cleaned_and_mounts_above_or_inside_ours_are_denied() {
+    let s = settings(16384);
+    let with_mount = |path: &str| {
+        let mut pod = object(SMALL);
+        pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "mine", "mountPath": path}));
+        pod["spec"]["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "mine", "emptyDir": {}}));
+        pod
+    };
+    let limits = "volume \"hami-limits\" at /overrideEnv";
+    let preload = "volume \"kai-resource-isolator-vgpu\" at /etc/ld.so.preload";
+    let hook = "volume \"kai-resource-isolator-vgpu\" at /usr/local/vgpu";
+    // (their mountPath, how it stands to ours, our mount)
+    let cases: &[(&str, &str, &str)] = &[
+        ("/overrideEnv/", "at the same path as", limits),
+        ("//overrideEnv", "at the same path as", limits),
+        ("/./overrideEnv", "at the same path as", limits),
+        ("/tmp/../overrideEnv", "at the same path as", limits),
+        ("/../overrideEnv", "at the same path as", limits),
+        ("overrideEnv", "at the same path as", limits),
+        ("/etc/ld.so.preload/", "at the same path as", preload),
+        ("//etc//ld.so.preload", "at the same path as", preload),
+        ("/etc/./ld.so.preload", "at the same path as", preload),
+        ("/var/../etc/ld.so.preload", "at the same path as", preload),
+        ("/usr/local/vgpu/", "at the same path as", hook),
+        ("/usr//local/./vgpu", "at the same path as", hook),
+        ("/usr/local/vgpu/libvgpu.so", "inside", hook),
+        ("/etc", "above", preload),
+        ("/etc/", "above", preload),
+        ("/usr/local", "above", hook),
+        ("/", "above", hook),
+        ("//", "above", hook),
+    ];
+    for &(path, how, ours) in cases {
+        let message = denial(&with_mount(path), &s);
+        let theirs = format!("container \"train\" mounts volume \"mine\" at {path:?}");
+        assert!(
+            message.contains(&theirs) && message.contains(how) && message.contains(ours),
+            "{path}: {message}"
+        );
+    }
+    // Neighbours that share only a prefix are not ours.
+    for path in [
+        "/overrideEnvX",
+        "/overrideEn",
+        "/etc/ld.so.preload.d",
+        "/usr/local/vgpu2",
+        "/et",
+    ] {
+        let out = mutate(&with_mount(path), &s);
+        assert!(
+            out.pod.spec.as_ref().unwrap().containers[0]
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|m| m.mount_path == "/overrideEnv"),
+            "{path}"
+        );
+    }
+    // Our own mounts, spelled unclean by an earlier writer, are recognised (nothing added twice).
+    let mut pod = with_mount("/data");
+    pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "kai-resource-isolator-vgpu", "mountPath": "/etc//ld.so.preload", "subPath": "ld.so.preload", "readOnly": true}));
+    let out = mutate(&pod, &s);
+    let preload_mounts = out.pod.spec.as_ref().unwrap().containers[0]
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|m| m.mount_path.contains("ld.so.preload"))
+        .count();
+    assert_eq!(preload_mounts, 1);
+    // Our volume at our path with another subPath (a folder where the loader wants a file) is not
+    // ours.
+    let mut pod = with_mount("/data");
+    pod["spec"]["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "kai-resource-isolator-vgpu", "mountPath": "/etc/ld.so.preload"}));
+    assert!(denial(&pod, &s).contains("at the same path as"));
+}
+
+#[test]
+fn missing_basis_deny_refuses_fraction_pods_without_a_basis_only() {
+    let deny = Settings {
+        kai: KaiSettings {
+            missing_basis: MissingBasis::Deny,
+            ..KaiSettings::default()
+        },
+        ..Settings::default()
+    };
+    let pod = object(SMALL);
+    for (basis, reason) in [
+        (
+            &NoBasis as &dyn VramBasis,
+            "no per-GPU VRAM basis is configured",
+        ),
+        (&NotSynced, "the GPU node list has not been read yet"),
+    ] {
+        let Decision::Deny { message } = decide_with(&pod, &deny, basis) else {
+            panic!("not denied");
+        };
+        for needle in [
+            "annotation gpu-fraction=\"0.25\" needs the per-GPU VRAM",
+            reason,
+            "kai.missingBasis is deny",
+            "nvidia.com/gpu.memory",
+            "kai.perGpuVramMib (HAMI_KAI__PER_GPU_VRAM_MIB)",
+            "gpu-memory=<MiB>",
+        ] {
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+    }
+    // No labelled node the pod can land on: refused too.
+    let index = node_index(json!({"kind": "NodeList", "items": [
+        {"metadata": {"name": "t4", "labels": {"nvidia.com/gpu.memory": "15360", "pool": "infer"}}}]}));
+    let mut nowhere = object(SMALL);
+    nowhere["spec"]["nodeSelector"] = json!({"pool": "cpu"});
+    let Decision::Deny { message } = decide_with(&nowhere, &deny, &index) else {
+        panic!("not denied");
+    };
+    assert!(
+        message.contains("no GPU node this pod can be placed on"),
+        "{message}"
+    );
+    // With a basis it is capped as usual; gpu-memory needs none; warn (default) admits uncapped.
+    assert!(matches!(
+        decide_with(&object(SMALL), &deny, &index),
+        Decision::Allow { .. }
+    ));
+    let mut memory = object(SMALL);
+    memory["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("gpu-fraction");
+    memory["metadata"]["annotations"]["gpu-memory"] = json!("4000");
+    assert!(matches!(
+        decide_with(&memory, &deny, &NoBasis),
+        Decision::Allow { .. }
+    ));
+    assert!(matches!(
+        decide_with(&object(SMALL), &Settings::default(), &NoBasis),
+        Decision::Allow { .. }
+    ));
+}
+
+/// A KAI gpu-fraction pod with `n` tiny containers, as the tester's.
+fn many_containers(n: usize) -> Value {
+    let containers: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("c{i}"), "image": "x"}))
+        .collect();
+    json!({"metadata": {"name": "wide", "namespace": "ml", "annotations": {"gpu-fraction": "0.5"}},
+        "spec": {"schedulerName": "kai-scheduler", "containers": containers}})
+}
+
+#[test]
+fn wide_pods_are_denied_before_their_patch_outgrows_what_can_be_stored() {
+    let s = settings(16384);
+    // A few hundred containers: fine.
+    let out = mutate(&many_containers(300), &s);
+    assert_eq!(
+        annotation(&out.pod, "limits.hami.io/c299"),
+        Some("CUDA_DEVICE_MEMORY_LIMIT=8192m\nHAMI_LIMITS_FORMAT=1\n")
+    );
+    // 5,000: the limits files alone pass the API server's 256 KiB of annotations.
+    let message = denial(&many_containers(5000), &s);
+    assert!(message.contains("pod ml/wide: the limits files of its 5000 containers would bring the pod's annotations past 256 KiB"), "{message}");
+    // The tester's 91,358: the variables pass the patch bound before the files are built.
+    let message = denial(&many_containers(91_358), &s);
+    assert!(
+        message.contains("take more than 1536 KiB of JSONPatch"),
+        "{message}"
+    );
+    // In env mode there is no file, but the variables alone pass 1.5 MiB of patch.
+    let mut env = many_containers(91_358);
+    env["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+    let message = denial(&env, &s);
+    assert!(
+        message.contains("pod ml/wide: the changes hami-limits must make to its 91358 containers and init containers take more than 1536 KiB of JSONPatch"),
+        "{message}"
+    );
+    // With every container preloaded too.
+    let all = Settings {
+        kai: KaiSettings {
+            preload_containers: PreloadContainers::All,
+            ..s.kai.clone()
+        },
+        ..s.clone()
+    };
+    assert!(denial(&env, &all).contains("take more than 1536 KiB of JSONPatch"));
+    // Just under the bound is admitted: every patch that is answered fits.
+    let mut fits = many_containers(2000);
+    fits["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+    let Decision::Allow { patch, .. } = decide(&fits, &all) else {
+        panic!("2000 containers in env mode fit");
+    };
+    let bytes = serde_json::to_vec(&patch).unwrap().len();
+    assert!(bytes <= hami_webhook::patch::MAX_PATCH_BYTES, "{bytes}");
+    assert!(
+        bytes > 500_000,
+        "{bytes}: the case should be near the bound to mean something"
+    );
+}
+
+#[test]
+fn warnings_are_capped() {
+    let mut pod = many_containers(100);
+    for c in pod["spec"]["containers"].as_array_mut().unwrap() {
+        let name = c["name"].as_str().unwrap().to_owned();
+        c["env"] =
+            json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": format!("{}m", name.len())}]);
+    }
+    let out = mutate(&pod, &settings(16384));
+    assert_eq!(out.warnings.len(), hami_webhook::mutation::MAX_WARNINGS + 1);
+    assert_eq!(
+        out.warnings.last().unwrap(),
+        "and 84 more warnings (only the first 16 are shown)"
+    );
 }
 
 #[test]

@@ -28,6 +28,7 @@ use tokio_rustls::TlsConnector;
 
 const PLAIN_POD: &str = include_str!("fixtures/plain-pod.json");
 const HAMI_POD: &str = include_str!("fixtures/hami-pod.json");
+const KAI_POD: &str = include_str!("fixtures/kai-fraction-small.json");
 const DEADLINE: Duration = Duration::from_secs(20);
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -303,6 +304,84 @@ async fn http1_and_h2_answer_v1_and_v1beta1() {
         .await;
     server
         .wait_metric(r#"hami_webhook_admission_requests_total{outcome="patched"} 4"#)
+        .await;
+    server.stop().await;
+}
+
+/// The pod a CREATE review's answer makes of `review`'s object.
+fn patched(review: &Value, answer: &Value) -> Value {
+    use base64::Engine as _;
+    let mut pod = review["request"]["object"].clone();
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    pod
+}
+
+/// An UPDATE review of `old` to `new`.
+fn update_review(old: &Value, new: &Value) -> String {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-update", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "ml-team", "operation": "UPDATE", "object": new, "oldObject": old}})
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_may_not_touch_the_owned_limits_annotations() {
+    let certs = generate_localhost().unwrap();
+    let server = start(&certs, |s| s.kai.per_gpu_vram_mib = Some(16384)).await;
+    let mut conn = connect(server.addr, client_config(&certs.ca_pem, &[b"h2"], false))
+        .await
+        .unwrap();
+    let create: Value = serde_json::from_str(KAI_POD).unwrap();
+    let answer = conn.review(KAI_POD).await;
+    let pod = patched(&create, &answer);
+    let key = "limits.hami.io/train";
+    assert!(pod["metadata"]["annotations"][key].is_string());
+    // Unchanged, or another annotation changed: allowed, no patch.
+    let mut labelled = pod.clone();
+    labelled["metadata"]["annotations"]["team"] = json!("a");
+    for new in [&pod, &labelled] {
+        let out = conn.review(&update_review(&pod, new)).await;
+        assert_eq!(out["response"]["uid"], "u-update");
+        assert_eq!(out["response"]["allowed"], true, "{out}");
+        assert!(out["response"].get("patch").is_none(), "{out}");
+    }
+    // Raised, removed, or added: denied, naming the key.
+    let mut raised = pod.clone();
+    raised["metadata"]["annotations"][key] =
+        json!("CUDA_DEVICE_MEMORY_LIMIT=999999m\nHAMI_LIMITS_FORMAT=1\n");
+    let mut removed = pod.clone();
+    removed["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove(key);
+    let mut added = pod.clone();
+    added["metadata"]["annotations"]["limits.hami.io/other"] = json!("x");
+    for (new, verb, named) in [
+        (&raised, "changes", key),
+        (&removed, "removes", key),
+        (&added, "adds", "limits.hami.io/other"),
+    ] {
+        let out = conn.review(&update_review(&pod, new)).await;
+        assert_eq!(out["response"]["allowed"], false, "{out}");
+        assert_eq!(out["response"]["status"]["code"], 403, "{out}");
+        let message = out["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("this update {verb} {named:?}")),
+            "{message}"
+        );
+    }
+    // An invalid limit-delivery set by an update is refused too.
+    let mut delivery = pod.clone();
+    delivery["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("FILE");
+    let out = conn.review(&update_review(&pod, &delivery)).await;
+    assert_eq!(out["response"]["allowed"], false, "{out}");
+    server
+        .wait_metric(r#"hami_webhook_admission_requests_total{outcome="denied"} 4"#)
         .await;
     server.stop().await;
 }

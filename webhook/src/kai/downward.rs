@@ -14,12 +14,15 @@
 //! The webhook owns every key under `limits.hami.io/`: on CREATE each is set to what it computed,
 //! and any other key under that prefix is removed, so a user cannot supply their own file.
 
+use std::collections::{HashMap, HashSet};
+
 use hami_shared::container::{LimitsBuilder, PlanWarning};
 use hami_shared::limits_file::LimitsFile;
-use hami_shared::names::OVERRIDE_ENV_PATH;
+use hami_shared::names::{ANNOTATION_LIMIT_DELIVERY, OVERRIDE_ENV_PATH};
 use hami_shared::values::{LimitDelivery, MemoryLimitMib};
 use serde_json::Value;
 
+use crate::kai::inject::{OurMount, check_mounts};
 use crate::mutation::{Denial, PodMutation, ProjectedFile};
 use crate::patch::{DownwardApi, DownwardItem, DownwardVolume, FieldRef, NewMount};
 use crate::pod::ContainerRef;
@@ -30,6 +33,9 @@ pub const ANNOTATION_PREFIX: &str = "limits.hami.io/";
 pub const LIMITS_VOLUME: &str = "hami-limits";
 /// `defaultMode` of the projected files: 0444.
 pub const FILE_MODE: u32 = 0o444;
+/// The API server's limit on all annotations of one object, keys and values
+/// (`TotalAnnotationSizeLimitB`, 256 KiB).
+pub const MAX_ANNOTATION_BYTES: usize = 256 * 1024;
 
 /// `limits.hami.io/<container>`.
 #[must_use]
@@ -67,7 +73,8 @@ pub fn limits_file(
 /// `/overrideEnv` (HAMi-core would read that file instead of the cap).
 ///
 /// # Errors
-/// [`Denial`] for a foreign `/overrideEnv` mount, a pod-defined volume named `hami-limits` that
+/// [`Denial`] for a mount of the container's own at, above or inside `/overrideEnv` (see
+/// [`check_mounts`]), a pod-defined volume named `hami-limits` that
 /// is not the webhook's, or a container name that is not a DNS-1123 label.
 pub fn deliver(
     m: &mut PodMutation<'_, '_>,
@@ -78,20 +85,29 @@ pub fn deliver(
     let pod = m.pod();
     for &at in limited {
         let Some(c) = pod.container(at) else { continue };
-        if let Some(mnt) = c.volume_mounts.as_deref().and_then(|ms| {
-            ms.iter().find(|mnt| {
-                mnt.mount_path == OVERRIDE_ENV_PATH
-                    && !(mnt.name == LIMITS_VOLUME && mnt.sub_path.as_deref() == Some(&*c.name))
-            })
-        }) {
-            return Err(m.deny(format_args!(
-                "container {:?} mounts volume {:?} at {OVERRIDE_ENV_PATH}, where HAMi-core reads the limits file; the path is reserved for hami-limits",
-                c.name, mnt.name
-            )));
-        }
+        check_mounts(
+            m,
+            c,
+            &[OurMount {
+                volume: LIMITS_VOLUME,
+                path: OVERRIDE_ENV_PATH,
+                sub_path: Some(&c.name),
+                what: "the limits file HAMi-core reads; the path is reserved for hami-limits",
+            }],
+        )?;
     }
     let mut wanted: Vec<(ContainerRef, String, String)> = Vec::new();
     if delivery == LimitDelivery::File {
+        // The API server refuses an object whose annotations (keys and values) pass 256 KiB: stop
+        // as soon as the limits files would, rather than build a patch that cannot be stored.
+        let mut annotation_bytes: usize = pod
+            .metadata
+            .annotations
+            .iter()
+            .flat_map(|a| a.iter())
+            .filter(|(k, _)| !k.starts_with(ANNOTATION_PREFIX))
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
         for &at in limited {
             let Some(c) = pod.container(at) else { continue };
             if !hami_shared::container::is_dns1123_label(&c.name) {
@@ -104,7 +120,16 @@ pub fn deliver(
             for w in warnings {
                 m.warn(w.to_string());
             }
-            wanted.push((at, c.name.to_string(), file.render()));
+            let text = file.render();
+            annotation_bytes += ANNOTATION_PREFIX.len() + c.name.len() + text.len();
+            if annotation_bytes > MAX_ANNOTATION_BYTES {
+                return Err(m.deny(format_args!(
+                    "the limits files of its {} containers would bring the pod's annotations past {} KiB, the API server's limit for one object; use fewer containers, or {ANNOTATION_LIMIT_DELIVERY}: env (the limit as a variable, no file)",
+                    limited.len(),
+                    MAX_ANNOTATION_BYTES / 1024
+                )));
+            }
+            wanted.push((at, c.name.to_string(), text));
         }
     }
     // Webhook-owned keys: set what is wanted, remove the rest.
@@ -113,12 +138,20 @@ pub fn deliver(
     if wanted.is_empty() {
         return Ok(());
     }
+    let current: HashMap<&str, &str> = pod
+        .metadata
+        .annotations
+        .iter()
+        .flat_map(|a| a.iter())
+        .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
+        .collect();
     for (_, name, text) in &wanted {
         let key = annotation_key(name);
-        if pod.annotation(&key) != Some(text.as_str()) {
+        if current.get(key.as_str()) != Some(&text.as_str()) {
             m.patch.set_annotation_owned(key, text.clone());
         }
     }
+    m.check_patch_size()?;
     match pod
         .spec
         .volumes
@@ -183,6 +216,7 @@ pub fn deliver(
 /// Remove every webhook-owned annotation (`limits.hami.io/*`) except those of `keep` containers:
 /// a user cannot supply a limits file of their own, in any delivery mode.
 pub fn remove_owned_annotations(m: &mut PodMutation<'_, '_>, keep: &[&str]) {
+    let keep: HashSet<&str> = keep.iter().copied().collect();
     let pod = m.pod();
     let stale = pod
         .metadata

@@ -4,6 +4,7 @@ use hami_shared::names::ENV_CUDA_DEVICE_MEMORY_LIMIT;
 use hami_shared::values::MemoryLimitMib;
 use serde_json::json;
 
+use crate::mountpath::{Overlap, overlap, resolve};
 use crate::mutation::{Denial, PodMutation};
 use crate::patch::NewMount;
 use crate::pod::{Container, ContainerRef};
@@ -22,8 +23,9 @@ pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
 /// Nothing is added twice; an existing volume of that name must be the same hostPath.
 ///
 /// # Errors
-/// [`Denial`] when the pod already defines the volume differently, or a target container mounts
-/// another volume at one of the two paths (HAMi-core would not be loaded).
+/// [`Denial`] when the pod already defines the volume differently, or a target container has a
+/// mount of its own at, above or inside one of the two paths (HAMi-core would not be loaded, or
+/// not from the host's folder): see [`check_mounts`].
 pub fn preload(
     m: &mut PodMutation<'_, '_>,
     targets: &[ContainerRef],
@@ -59,29 +61,37 @@ pub fn preload(
             }
         }
     }
+    let hook = resolve(hook_path);
+    let ours = [
+        OurMount {
+            volume: PRELOAD_VOLUME,
+            path: &hook,
+            sub_path: None,
+            what: "the HAMi-core library folder",
+        },
+        OurMount {
+            volume: PRELOAD_VOLUME,
+            path: LD_SO_PRELOAD,
+            sub_path: Some(LD_SO_PRELOAD_SUBPATH),
+            what: "the preload list that loads HAMi-core",
+        },
+    ];
     for &at in targets {
         let Some(container) = pod.container(at) else {
             continue;
         };
-        for (path, sub_path) in [
-            (hook_path, None),
-            (LD_SO_PRELOAD, Some(LD_SO_PRELOAD_SUBPATH)),
-        ] {
-            if let Some(other) = foreign_mount(container, path, PRELOAD_VOLUME) {
-                return Err(m.deny(format_args!(
-                    "container {:?} mounts volume {other:?} at {path}, where HAMi-core must be preloaded from {hook_path}",
-                    container.name
-                )));
-            }
-            if m.patch.container_has_mount_path(at, path) {
+        check_mounts(m, container, &ours)?;
+        m.check_patch_size()?;
+        for our in &ours {
+            if m.patch.container_has_mount_path(at, our.path) {
                 continue;
             }
             m.patch.add_volume_mount(
                 at,
                 NewMount {
                     name: PRELOAD_VOLUME.to_owned(),
-                    mount_path: path.to_owned(),
-                    sub_path: sub_path.map(str::to_owned),
+                    mount_path: our.path.to_owned(),
+                    sub_path: our.sub_path.map(str::to_owned),
                     read_only: true,
                 },
             );
@@ -90,18 +100,56 @@ pub fn preload(
     Ok(())
 }
 
-/// The name of a volume other than `ours` that `container` mounts at `path`.
-pub(crate) fn foreign_mount<'c>(
-    container: &'c Container<'_>,
-    path: &str,
-    ours: &str,
-) -> Option<&'c str> {
-    container
-        .volume_mounts
-        .as_deref()?
-        .iter()
-        .find(|mnt| mnt.mount_path == path && mnt.name != ours)
-        .map(|mnt| mnt.name.as_ref())
+/// A mount the webhook adds to a container, at a clean absolute `path`.
+#[derive(Debug, Clone, Copy)]
+pub struct OurMount<'s> {
+    /// The volume.
+    pub volume: &'s str,
+    /// Where, cleaned.
+    pub path: &'s str,
+    /// Its `subPath`, if any.
+    pub sub_path: Option<&'s str>,
+    /// What it provides, for messages.
+    pub what: &'s str,
+}
+
+/// Refuse a container whose own mounts would clash with one of `ours`: a mount at the same path
+/// once cleaned (`/overrideEnv/`, `//overrideEnv`, `/tmp/../overrideEnv`), a mount above it that
+/// could hide it (`/etc`, `/`) or one inside it that would replace part of it. A mount that is
+/// exactly ours (same volume, path and `subPath`: an earlier review added it) is fine.
+///
+/// # Errors
+/// [`Denial`] naming the container, both mounts and the fix.
+pub fn check_mounts(
+    m: &PodMutation<'_, '_>,
+    container: &Container<'_>,
+    ours: &[OurMount<'_>],
+) -> Result<(), Denial> {
+    for mnt in container.volume_mounts.as_deref().unwrap_or_default() {
+        let theirs = resolve(&mnt.mount_path);
+        for our in ours {
+            let Some(overlap) = overlap(&theirs, our.path) else {
+                continue;
+            };
+            if overlap == Overlap::Same
+                && mnt.name == our.volume
+                && mnt.sub_path.as_deref() == our.sub_path
+            {
+                continue;
+            }
+            return Err(m.deny(format_args!(
+                "container {:?} mounts volume {:?} at {:?} ({theirs}), {} the mount hami-limits adds: volume {:?} at {} ({}); remove or move that mount",
+                container.name,
+                mnt.name,
+                mnt.mount_path,
+                overlap.describe(),
+                our.volume,
+                our.path,
+                our.what
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `name` is `CUDA_DEVICE_MEMORY_LIMIT` or `CUDA_DEVICE_MEMORY_LIMIT_<digits>`.
@@ -174,6 +222,7 @@ pub fn memory_limit(
     let pod = m.pod();
     let mut limited = Vec::new();
     for (at, container) in pod.all_containers() {
+        m.check_patch_size()?;
         match limit_state(container, &value) {
             LimitState::Unset => {
                 if !m.patch.container_has_env(at, ENV_CUDA_DEVICE_MEMORY_LIMIT) {

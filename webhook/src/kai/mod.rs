@@ -25,14 +25,15 @@ use crate::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::placement::Placement;
 
 pub use select::KaiRequest;
-pub use settings::{KaiSettings, PreloadContainers};
+pub use settings::{KaiSettings, MissingBasis, PreloadContainers};
 
 /// Apply the KAI mutations to a pod. `vram` is the per-GPU VRAM basis for `gpu-fraction` pods,
 /// used when `kai.perGpuVramMib` is not set; what happened is recorded as observations.
 ///
 /// # Errors
 /// [`Denial`] for an invalid KAI request (bad or conflicting annotations, a container name that
-/// matches nothing, a cap below 1 MiB) or a pod that would bypass the limits file.
+/// matches nothing, a cap below 1 MiB), a pod that would bypass the limits file, or (with
+/// `kai.missingBasis: deny`) a `gpu-fraction` pod whose cap cannot be computed.
 pub fn mutate(
     m: &mut PodMutation<'_, '_>,
     kai: &KaiSettings,
@@ -59,6 +60,12 @@ pub fn mutate(
                         )));
                     }
                     Some(mib)
+                }
+                Err(reason) if kai.missing_basis == MissingBasis::Deny => {
+                    return Err(m.deny(format_args!(
+                        "annotation gpu-fraction={:?} needs the per-GPU VRAM to set its GPU memory cap, and none is known: {reason}. kai.missingBasis is deny, so the pod is refused rather than run uncapped. To fix: label the GPU nodes this pod can land on with nvidia.com/gpu.memory=<MiB> (GPU Feature Discovery does), set kai.perGpuVramMib (HAMI_KAI__PER_GPU_VRAM_MIB), or request gpu-memory=<MiB> instead of gpu-fraction",
+                        raw.value
+                    )));
                 }
                 Err(reason) => {
                     m.observe(Observation::KaiCapSkipped(reason));

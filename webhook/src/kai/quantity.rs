@@ -32,12 +32,19 @@ pub enum KaiValueError {
         /// The largest accepted value.
         max: u64,
     },
-    /// `gpu-fraction` is not a plain decimal number (NaN, Inf, hex, sign, space, unit ...).
-    #[error("is not a decimal number (e.g. \"0.25\"; no sign, unit, space, hex, NaN or Inf)")]
+    /// `gpu-fraction` is not a decimal number as KAI reads it (NaN, Inf, hex, `_`, space, unit ...).
+    #[error(
+        "is not a decimal number (e.g. \"0.25\", \".5\", \"25e-2\"; no unit, space, `_`, hex, NaN or Inf)"
+    )]
     FractionNotDecimal,
     /// `gpu-fraction` is a decimal number outside (0, 1).
     #[error("is not strictly between 0 and 1")]
     FractionOutOfRange,
+    /// `gpu-fraction` lies in (0, 1) but a 64-bit float, as KAI reads it, rounds it to 0 or 1.
+    #[error(
+        "is not strictly between 0 and 1 as KAI reads it (a 64-bit float rounds it to 0 or 1); use fewer digits"
+    )]
+    FractionRoundsToBound,
 }
 
 /// A `gpu-fraction` as an exact decimal: `digits × 10^exponent`, `digits` without leading or
@@ -50,74 +57,135 @@ pub struct Fraction {
     exponent: i64,
 }
 
-/// The most digits an exponent may have before the value is obviously out of range.
-const MAX_EXPONENT_DIGITS: usize = 18;
+/// Go's `strconv.ParseFloat` stops accumulating an exponent once it reaches this (its `readFloat`:
+/// `if e < 10000 { e = e*10 + digit }`), so `5e123456` is read as `5e12345`. Mirrored so that a
+/// value means here what it means to KAI.
+const GO_EXPONENT_CAP: i64 = 10_000;
+
+/// `1 − 2⁻⁵⁴`, the midpoint between 1 and the largest `f64` below it, as its decimal digits after
+/// `0.` (exact: 2⁻⁵⁴ has 54 decimal places). A value at or above it is read as `1.0` by
+/// `strconv.ParseFloat` (round half to even), which KAI refuses.
+const ONE_MINUS_HALF_ULP: &str = "999999999999999944488848768742172978818416595458984375";
 
 impl Fraction {
-    /// Parse a `gpu-fraction` value: a decimal number (`0.25`, `.5`, `5e-1`, `00.50`), which is
-    /// what both KAI's `strconv.ParseFloat` and `resource.ParseQuantity` accept, strictly between
-    /// 0 and 1.
+    /// Parse a `gpu-fraction` value exactly as KAI's admission validator accepts it: Go's
+    /// `strconv.ParseFloat(value, 64)` must read it as a number strictly between 0 and 1, and
+    /// `resource.ParseQuantity(value)` must accept it (KAI ≥ v0.14 checks both). Together:
+    ///
+    /// `[+-]? digits? ('.' digits?)? ([eE] [+-]? digits)?` with at least one mantissa digit: leading
+    /// zeros in mantissa and exponent, `E`, `.5`, `5.`, `+0.5`. Refused: empty, space, units,
+    /// `NaN`/`Inf` (ParseQuantity refuses them; older KAI let `NaN` through), hexadecimal floats
+    /// (`0x1p-2`) and `_` digit separators (ParseFloat reads both, ParseQuantity refuses them, so
+    /// current KAI does too), and any value that `f64` rounds to 0 or 1 (`0.99999999999999999`).
+    ///
+    /// The value kept is the exact decimal written, not its `f64` rounding.
     ///
     /// # Errors
     /// [`KaiValueError`] naming what is wrong.
     pub fn parse(text: &str) -> Result<Self, KaiValueError> {
-        if text.is_empty() {
+        let b = text.as_bytes();
+        if b.is_empty() {
             return Err(KaiValueError::Empty);
         }
-        let (mantissa, exp_text) = match text.find(['e', 'E']) {
-            Some(i) => (&text[..i], Some(&text[i + 1..])),
-            None => (text, None),
+        let digits_from = |mut i: usize| {
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+            i
         };
-        let (int_part, frac_part) = match mantissa.split_once('.') {
-            Some((i, f)) => (i, f),
-            None => (mantissa, ""),
+        let mut i = 0;
+        let negative = match b[0] {
+            b'-' => {
+                i = 1;
+                true
+            }
+            b'+' => {
+                i = 1;
+                false
+            }
+            _ => false,
         };
-        let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-        if (int_part.is_empty() && frac_part.is_empty())
-            || !all_digits(int_part)
-            || !all_digits(frac_part)
-        {
+        let int_end = digits_from(i);
+        let int_part = &text[i..int_end];
+        i = int_end;
+        let mut frac_part = "";
+        if b.get(i) == Some(&b'.') {
+            let end = digits_from(i + 1);
+            frac_part = &text[i + 1..end];
+            i = end;
+        }
+        if int_part.is_empty() && frac_part.is_empty() {
             return Err(KaiValueError::FractionNotDecimal);
         }
-        let mut exponent: i64 = match exp_text {
-            None => 0,
-            Some(e) => {
-                let digits = e.strip_prefix(['+', '-']).unwrap_or(e);
-                if digits.is_empty() || !all_digits(digits) {
-                    return Err(KaiValueError::FractionNotDecimal);
+        let mut exponent: i64 = 0;
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            let exp_negative = match b.get(i) {
+                Some(b'-') => {
+                    i += 1;
+                    true
                 }
-                let significant = digits.trim_start_matches('0');
-                let magnitude: i64 = if significant.len() > MAX_EXPONENT_DIGITS {
-                    // 10^(±10^18) and beyond: far above 1, or a share that floors to 0 MiB.
-                    i64::MAX / 4
-                } else {
-                    significant.parse().unwrap_or(i64::MAX / 4)
-                };
-                if e.starts_with('-') {
-                    -magnitude
-                } else {
-                    magnitude
+                Some(b'+') => {
+                    i += 1;
+                    false
+                }
+                _ => false,
+            };
+            let end = digits_from(i);
+            if end == i {
+                return Err(KaiValueError::FractionNotDecimal);
+            }
+            for &d in &b[i..end] {
+                if exponent < GO_EXPONENT_CAP {
+                    exponent = exponent * 10 + i64::from(d - b'0');
                 }
             }
-        };
+            if exp_negative {
+                exponent = -exponent;
+            }
+            i = end;
+        }
+        if i != b.len() {
+            return Err(KaiValueError::FractionNotDecimal);
+        }
         // value = (int_part frac_part as an integer) × 10^(exponent − len(frac_part))
         let frac_len =
             i64::try_from(frac_part.len()).map_err(|_| KaiValueError::FractionOutOfRange)?;
-        exponent = exponent.saturating_sub(frac_len);
-        let mut all = String::with_capacity(int_part.len() + frac_part.len());
-        all.push_str(int_part);
-        all.push_str(frac_part);
-        let trimmed_leading = all.trim_start_matches('0');
-        let significant = trimmed_leading.trim_end_matches('0');
-        let trailing_zeros = trimmed_leading.len() - significant.len();
-        if significant.is_empty() {
+        exponent -= frac_len;
+        let all_len = int_part.len() + frac_part.len();
+        let lead = int_part
+            .bytes()
+            .chain(frac_part.bytes())
+            .take_while(|&d| d == b'0')
+            .count();
+        if lead == all_len || negative {
+            // Zero, or negative (`-0` included).
             return Err(KaiValueError::FractionOutOfRange);
         }
-        exponent = exponent.saturating_add(i64::try_from(trailing_zeros).unwrap_or(i64::MAX));
+        let mut significant = String::with_capacity(all_len - lead);
+        for d in int_part.bytes().chain(frac_part.bytes()).skip(lead) {
+            significant.push(char::from(d));
+        }
+        let without_trailing = significant.trim_end_matches('0').len();
+        let trailing_zeros = significant.len() - without_trailing;
+        significant.truncate(without_trailing);
+        exponent += i64::try_from(trailing_zeros).map_err(|_| KaiValueError::FractionOutOfRange)?;
         // digits × 10^exponent < 1  ⟺  len(digits) + exponent ≤ 0 (digits has no leading zero).
-        let len = i64::try_from(significant.len()).unwrap_or(i64::MAX);
-        if len.saturating_add(exponent) > 0 {
+        let len =
+            i64::try_from(significant.len()).map_err(|_| KaiValueError::FractionOutOfRange)?;
+        let magnitude = len + exponent;
+        if magnitude > 0 {
             return Err(KaiValueError::FractionOutOfRange);
+        }
+        // In [0.1, 1): f64 reads it as 1.0 when at or above the midpoint below 1.
+        if magnitude == 0 && significant.as_str() >= ONE_MINUS_HALF_ULP {
+            return Err(KaiValueError::FractionRoundsToBound);
+        }
+        // Below 10^-323: f64 reads it as 0 when at or below 2^-1075 (half the smallest subnormal).
+        if magnitude < -323
+            || (magnitude == -323 && significant.as_bytes() <= &half_min_subnormal()[..])
+        {
+            return Err(KaiValueError::FractionRoundsToBound);
         }
         Ok(Self {
             digits: significant.into(),
@@ -155,6 +223,29 @@ impl Fraction {
         }
         result
     }
+}
+
+/// 2⁻¹⁰⁷⁵ = 5¹⁰⁷⁵ × 10⁻¹⁰⁷⁵: the digits of 5¹⁰⁷⁵ (752 of them, after 323 zeros following `0.`),
+/// computed when a value that small is met (never in practice).
+fn half_min_subnormal() -> Vec<u8> {
+    // Little-endian decimal digits, times 5, 1075 times.
+    let mut digits: Vec<u8> = vec![1];
+    for _ in 0..1075 {
+        let mut carry = 0u8;
+        for d in &mut digits {
+            let v = *d * 5 + carry;
+            *d = v % 10;
+            carry = v / 10;
+        }
+        if carry > 0 {
+            digits.push(carry);
+        }
+    }
+    digits.reverse();
+    for d in &mut digits {
+        *d += b'0';
+    }
+    digits
 }
 
 impl fmt::Display for Fraction {
@@ -228,11 +319,36 @@ mod tests {
             ("0.7", 10, 7),
             // 0.3 * 81559 = 24467.7 exactly; f64 also fine, but check flooring.
             ("0.3", 81559, 24467),
-            ("0.999999999999999999999999999999", 81920, 81919),
+            ("0.99999999999999994", 81920, 81919),
             ("0.000001", 81920, 0),
             ("1e-30", u64::MAX, 0),
-            ("1e-99999999999999999999999", u64::MAX, 0),
-            ("0.9999999999999999999999999", u64::MAX, u64::MAX - 1),
+            ("0.9999999999999999", u64::MAX, 18_446_744_073_709_549_770),
+            // The forms the tester found refused or mis-scaled, all read by KAI as these values.
+            ("0.5e0", 100, 50),
+            ("0.25e0", 100, 25),
+            (".5e0", 100, 50),
+            ("0.5E0", 100, 50),
+            ("0.5e00", 100, 50),
+            (".06196660E000", 100_000_000, 6_196_660),
+            ("00.086254737761e0", 1_000_000_000_000, 86_254_737_761),
+            ("0.5e-0", 100, 50),
+            ("000.00024E-00", 100_000, 24),
+            ("0.5e+0", 100, 50),
+            ("+0.5", 100, 50),
+            ("+.5", 100, 50),
+            ("5.e-1", 100, 50),
+            ("5.E-0001", 100, 50),
+            ("0.0005e+003", 100, 50),
+            // The exponent as Go reads it: accumulation stops at 10000 or more.
+            ("5e-0000000000000000000000001", 100, 50),
+            // Just below the midpoint under 1: f64 reads it as 1 − 2⁻⁵³, KAI accepts it.
+            (
+                "0.99999999999999994448884876874217297881841659545898437",
+                100,
+                99,
+            ),
+            // Just above 2⁻¹⁰⁷⁵: f64 reads it as the smallest subnormal, KAI accepts it.
+            ("3e-324", u64::MAX, 0),
         ];
         for &(text, basis, expected) in cases {
             let f = Fraction::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
@@ -253,7 +369,10 @@ mod tests {
 
     #[test]
     fn fraction_refusals() {
-        use KaiValueError::{Empty, FractionNotDecimal as Bad, FractionOutOfRange as Range};
+        use KaiValueError::{
+            Empty, FractionNotDecimal as Bad, FractionOutOfRange as Range,
+            FractionRoundsToBound as Round,
+        };
         let cases: &[(&str, KaiValueError)] = &[
             ("", Empty),
             ("0", Range),
@@ -265,8 +384,36 @@ mod tests {
             ("10e-1", Range),
             ("0.1e1", Range),
             ("1e99999999999999999999999", Range),
-            ("-0.5", Bad),
-            ("+0.5", Bad),
+            ("-0.5", Range),
+            ("-0", Range),
+            ("-.0e-5", Range),
+            ("+", Bad),
+            ("-", Bad),
+            ("+-0.5", Bad),
+            ("0.5e", Bad),
+            ("0.5e+-1", Bad),
+            ("0.5e1.0", Bad),
+            ("1_0e-1", Bad),
+            ("0.5_0", Bad),
+            ("0.5e0_0", Bad),
+            ("0x.8p0", Bad),
+            ("0X1P-1", Bad),
+            ("0.5\n", Bad),
+            ("0.5m", Bad),
+            ("0.5k", Bad),
+            ("5e-1Mi", Bad),
+            ("inf", Bad),
+            ("-Infinity", Bad),
+            // f64 rounds these to 1 or 0, which KAI then refuses.
+            (
+                "0.999999999999999944488848768742172978818416595458984375",
+                Round,
+            ),
+            ("0.99999999999999999", Round),
+            ("0.9999999999999999999999999", Round),
+            ("1e-99999999999999999999999", Round),
+            ("1e-324", Round),
+            ("2e-324", Round),
             (" 0.5", Bad),
             ("0.5 ", Bad),
             ("NaN", Bad),
@@ -294,6 +441,14 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn half_min_subnormal_is_five_to_the_1075() {
+        let digits = half_min_subnormal();
+        assert_eq!(digits.len(), 752);
+        assert!(digits.starts_with(b"24703282292062327208828439643411068618252990130716"));
+        assert!(digits.ends_with(b"5"));
     }
 
     #[test]

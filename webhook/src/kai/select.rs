@@ -107,35 +107,50 @@ pub fn validate(m: &PodMutation<'_, '_>, raw: &RawRequest<'_>) -> Result<KaiRequ
 /// The containers that get the HAMi-core preload.
 ///
 /// # Errors
-/// [`Denial`] when `gpu-fraction-container-name` names no container or init container.
+/// [`Denial`] when `gpu-fraction-container-name` names no container or init container, in
+/// either mode.
 pub fn preload_targets(
     m: &PodMutation<'_, '_>,
     mode: PreloadContainers,
 ) -> Result<Vec<ContainerRef>, Denial> {
     let pod = m.pod();
+    // all_containers() yields init containers first, as KAI searches them. The name must name a
+    // container in both modes (with `all` it selects nothing, but a wrong name is still a wrong
+    // request, as KAI's own validator says).
+    let named = match pod.annotation(ANNOTATION_GPU_FRACTION_CONTAINER_NAME) {
+        Some(name) => match pod.all_containers().find(|(_, c)| c.name == name) {
+            Some((at, _)) => Some(at),
+            None => {
+                const SHOWN: usize = 10;
+                let total = pod.all_containers().count();
+                let names: Vec<&str> = pod
+                    .all_containers()
+                    .take(SHOWN)
+                    .map(|(_, c)| c.name.as_ref())
+                    .collect();
+                let more = if total > SHOWN {
+                    format!(" and {} more", total - SHOWN)
+                } else {
+                    String::new()
+                };
+                return Err(m.deny(format_args!(
+                    "annotation {ANNOTATION_GPU_FRACTION_CONTAINER_NAME}={name:?} names no container or init container (the pod has: {}{more})",
+                    names.join(", ")
+                )));
+            }
+        },
+        None => None,
+    };
     match mode {
         PreloadContainers::All => Ok(pod.all_containers().map(|(at, _)| at).collect()),
-        PreloadContainers::Fraction => {
-            match pod.annotation(ANNOTATION_GPU_FRACTION_CONTAINER_NAME) {
-                // all_containers() yields init containers first, as KAI searches them.
-                Some(name) => match pod.all_containers().find(|(_, c)| c.name == name) {
-                    Some((at, _)) => Ok(vec![at]),
-                    None => {
-                        let names: Vec<&str> =
-                            pod.all_containers().map(|(_, c)| c.name.as_ref()).collect();
-                        Err(m.deny(format_args!(
-                            "annotation {ANNOTATION_GPU_FRACTION_CONTAINER_NAME}={name:?} names no container or init container (the pod has: {})",
-                            names.join(", ")
-                        )))
-                    }
-                },
-                None if pod.spec.containers.is_empty() => Ok(Vec::new()),
-                None => Ok(vec![ContainerRef {
-                    kind: ContainerKind::Regular,
-                    index: 0,
-                }]),
-            }
-        }
+        PreloadContainers::Fraction => match named {
+            Some(at) => Ok(vec![at]),
+            None if pod.spec.containers.is_empty() => Ok(Vec::new()),
+            None => Ok(vec![ContainerRef {
+                kind: ContainerKind::Regular,
+                index: 0,
+            }]),
+        },
     }
 }
 
@@ -292,19 +307,19 @@ mod tests {
             (
                 r#""gpu-fraction":"NaN""#,
                 Err(
-                    r#"pod ml/train-1: annotation gpu-fraction="NaN" is not a decimal number (e.g. "0.25"; no sign, unit, space, hex, NaN or Inf)"#,
+                    r#"pod ml/train-1: annotation gpu-fraction="NaN" is not a decimal number (e.g. "0.25", ".5", "25e-2"; no unit, space, `_`, hex, NaN or Inf)"#,
                 ),
             ),
             (
                 r#""gpu-fraction":"-0.5""#,
                 Err(
-                    r#"pod ml/train-1: annotation gpu-fraction="-0.5" is not a decimal number (e.g. "0.25"; no sign, unit, space, hex, NaN or Inf)"#,
+                    r#"pod ml/train-1: annotation gpu-fraction="-0.5" is not strictly between 0 and 1"#,
                 ),
             ),
             (
                 r#""gpu-fraction":" 0.5""#,
                 Err(
-                    r#"pod ml/train-1: annotation gpu-fraction=" 0.5" is not a decimal number (e.g. "0.25"; no sign, unit, space, hex, NaN or Inf)"#,
+                    r#"pod ml/train-1: annotation gpu-fraction=" 0.5" is not a decimal number (e.g. "0.25", ".5", "25e-2"; no unit, space, `_`, hex, NaN or Inf)"#,
                 ),
             ),
             (
@@ -369,6 +384,20 @@ mod tests {
             ),
             (
                 r#","gpu-fraction-container-name":"nope""#,
+                PreloadContainers::All,
+                Err(
+                    r#"pod default/p: annotation gpu-fraction-container-name="nope" names no container or init container (the pod has: init-a, shared, main, shared-2)"#,
+                ),
+            ),
+            (
+                r#","gpu-fraction-container-name":"../x""#,
+                PreloadContainers::All,
+                Err(
+                    r#"pod default/p: annotation gpu-fraction-container-name="../x" names no container or init container (the pod has: init-a, shared, main, shared-2)"#,
+                ),
+            ),
+            (
+                r#","gpu-fraction-container-name":"main""#,
                 PreloadContainers::All,
                 Ok(vec![
                     (ContainerKind::Init, 0),

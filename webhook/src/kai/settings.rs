@@ -18,6 +18,36 @@ pub enum PreloadContainers {
     All,
 }
 
+/// What a `gpu-fraction` pod gets when no per-GPU VRAM basis is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingBasis {
+    /// Admit it with HAMi-core but without a memory cap, with a warning (default).
+    #[default]
+    Warn,
+    /// Refuse it, saying why and how to provide a basis (fail closed).
+    Deny,
+}
+
+impl MissingBasis {
+    /// The accepted values, for messages.
+    pub const ACCEPTED: &'static str = "warn, deny";
+}
+
+impl<'de> Deserialize<'de> for MissingBasis {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(deserializer)?;
+        match value.as_str() {
+            "warn" => Ok(Self::Warn),
+            "deny" => Ok(Self::Deny),
+            _ => Err(serde::de::Error::custom(format_args!(
+                "{value:?} is not one of: {}",
+                Self::ACCEPTED
+            ))),
+        }
+    }
+}
+
 /// The `kai:` settings section. Unknown keys are refused (the message names the key): this
 /// section is ours, not HAMi's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +73,10 @@ pub struct KaiSettings {
     /// Delivery mode when the pod has no `hami.io/limit-delivery`: `file` (default) or `env`.
     #[serde(alias = "limitdelivery")]
     pub limit_delivery: LimitDelivery,
+    /// A `gpu-fraction` pod without a per-GPU VRAM basis: `warn` (default: admitted uncapped with a
+    /// warning) or `deny`. Env `HAMI_KAI__MISSINGBASIS`. `gpu-memory` pods need no basis.
+    #[serde(alias = "missingbasis")]
+    pub missing_basis: MissingBasis,
 }
 
 impl Default for KaiSettings {
@@ -54,6 +88,7 @@ impl Default for KaiSettings {
             per_gpu_vram_mib: None,
             node_label_selector: hami_shared::names::LABEL_GPU_MEMORY.to_owned(),
             limit_delivery: LimitDelivery::File,
+            missing_basis: MissingBasis::Warn,
         }
     }
 }
