@@ -410,10 +410,23 @@ pub async fn serve_tls(
     let service = TowerToHyperService::new(app);
     tokio::pin!(shutdown);
     'accept: loop {
+        let (tcp, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
         let permit = match Arc::clone(&connections).try_acquire_owned() {
             Ok(p) => p,
             Err(_) => loop {
-                // Full: the connection idle the longest gives way; if all are busy, wait.
+                // Full: the connection idle the longest gives way; if all are busy, the new
+                // one waits (and the listen backlog fills behind it).
                 if registry.evict_idlest() {
                     debug!("at maxConnections: closing the idlest connection");
                 }
@@ -425,18 +438,6 @@ pub async fn serve_tls(
                         Err(_) => break 'accept,
                     },
                     () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                }
-            },
-        };
-        let (tcp, peer) = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
                 }
             },
         };
@@ -453,10 +454,15 @@ pub async fn serve_tls(
         let stop = stop_rx.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            serve_connection(
+            metrics.connections_open().inc();
+            let closed = serve_connection(
                 tcp, peer, acceptor, &builder, service, registered, &metrics, &options, stop,
             )
             .await;
+            metrics.connections_open().dec();
+            if let Some(reason) = closed {
+                metrics.observe_connection_closed(reason);
+            }
         });
     }
     drop(listener);
@@ -481,7 +487,8 @@ pub async fn serve_tls(
     Ok(())
 }
 
-/// One connection from accept to close.
+/// One connection from accept to close. Returns why the server closed it (`idle`, `evicted`,
+/// `shutdown`), or `None` when it ended by itself (client close, error, failed handshake).
 #[allow(clippy::too_many_arguments)]
 async fn serve_connection(
     tcp: tokio::net::TcpStream,
@@ -493,7 +500,7 @@ async fn serve_connection(
     metrics: &Metrics,
     options: &TlsServeOptions,
     mut stop: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>,
-) {
+) -> Option<&'static str> {
     use crate::conn::{GRACEFUL_CLOSE, Step, next_step};
     let tracker = Arc::clone(&registered.tracker);
     let handshake = tokio::time::timeout(options.handshake_timeout, acceptor.accept(tcp));
@@ -503,16 +510,16 @@ async fn serve_connection(
             Ok(Err(e)) => {
                 metrics.observe_handshake_failure();
                 debug!(%peer, error = %e, "TLS handshake failed");
-                return;
+                return None;
             }
             Err(_) => {
                 metrics.observe_handshake_failure();
                 debug!(%peer, "TLS handshake timed out");
-                return;
+                return Some("idle");
             }
         },
-        () = tracker.evicted() => return,
-        _ = stop.wait_for(Option::is_some) => return,
+        () = tracker.evicted() => return Some("evicted"),
+        _ = stop.wait_for(Option::is_some) => return Some("shutdown"),
     };
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
@@ -528,8 +535,13 @@ async fn serve_connection(
         let idle_since = tracker.is_idle().then(|| tracker.idle_since());
         let wake = match next_step(now, idle_since, idle_limit, hard_deadline, asked) {
             Step::Drop => {
-                debug!(%peer, "closing the connection (idle or shutting down)");
-                return;
+                let reason = if hard_deadline.is_some() {
+                    "shutdown"
+                } else {
+                    "idle"
+                };
+                debug!(%peer, reason, "closing the connection");
+                return Some(reason);
             }
             Step::CloseGracefully => {
                 conn.as_mut().graceful_shutdown();
@@ -543,11 +555,16 @@ async fn serve_connection(
                 if let Err(e) = r {
                     debug!(%peer, error = %e, "connection ended with an error");
                 }
-                return;
+                // After a graceful close that the server asked for, the close is the server's.
+                return match (asked, hard_deadline) {
+                    (false, _) => None,
+                    (true, None) => Some("idle"),
+                    (true, Some(_)) => Some("shutdown"),
+                };
             }
             () = tracker.evicted() => {
                 debug!(%peer, "closing the connection: at maxConnections and idle the longest");
-                return;
+                return Some("evicted");
             }
             r = stop.wait_for(Option::is_some), if hard_deadline.is_none() => {
                 hard_deadline = r.ok().and_then(|end| *end).or(Some(now));
