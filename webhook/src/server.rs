@@ -682,3 +682,64 @@ pub async fn run(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Bytes;
+
+    fn body(parts: &[usize]) -> Body {
+        let chunks: Vec<Result<Bytes, std::io::Error>> = parts
+            .iter()
+            .map(|&n| Ok(Bytes::from(vec![b' '; n])))
+            .collect();
+        Body::from_stream(futures::stream::iter(chunks))
+    }
+
+    fn soon() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_millis(50)
+    }
+
+    #[tokio::test]
+    async fn bodies_take_room_past_the_free_bytes_and_give_it_back() {
+        let budget = Semaphore::new(1000);
+        // Within the free bytes: no room taken.
+        let (b, room) = read_body(body(&[100, 200]), None, 1 << 20, &budget, soon())
+            .await
+            .ok()
+            .unwrap();
+        assert_eq!((b.len(), room.is_none()), (300, true));
+        // 200 bytes past the free ones: held until the body is dropped.
+        let parts = [FREE_BODY_BYTES - 100, 300];
+        let (b, room) = read_body(
+            body(&parts),
+            Some(FREE_BODY_BYTES as u64 + 200),
+            1 << 20,
+            &budget,
+            soon(),
+        )
+        .await
+        .ok()
+        .unwrap();
+        assert_eq!(b.len(), FREE_BODY_BYTES + 200);
+        assert_eq!(budget.available_permits(), 800);
+        // A second body needing 900 finds no room before its deadline.
+        let parts = [FREE_BODY_BYTES, 900];
+        assert!(matches!(
+            read_body(body(&parts), None, 1 << 20, &budget, soon()).await,
+            Err(BodyFailure::NoRoom)
+        ));
+        drop(room);
+        assert_eq!(budget.available_permits(), 1000);
+        let (b, _room) = read_body(body(&parts), None, 1 << 20, &budget, soon())
+            .await
+            .ok()
+            .unwrap();
+        assert_eq!(b.len(), FREE_BODY_BYTES + 900);
+        // Over the limit, however it arrives.
+        assert!(matches!(
+            read_body(body(&[10, 10]), None, 15, &budget, soon()).await,
+            Err(BodyFailure::TooLarge)
+        ));
+    }
+}
