@@ -346,6 +346,12 @@ impl TlsServeOptions {
 /// that stalled streams hold little memory; ample for reviews on a cluster network.
 const H2_STREAM_WINDOW: u32 = 128 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
+/// Streams one HTTP/2 connection may have open (hyper's default is 200); clients open another
+/// connection for more. Bounds what one connection holds in bodies' free bytes.
+const H2_MAX_STREAMS: u32 = 64;
+/// HTTP/1.1 read buffer limit (hyper's default is about 400 KiB): request headers larger than
+/// this are refused; bodies are read through it in pieces.
+const H1_MAX_BUF: usize = 64 * 1024;
 
 /// The router as a hyper service that marks its connection busy while a request is handled.
 #[derive(Clone)]
@@ -398,12 +404,14 @@ pub async fn serve_tls(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
+        .max_buf_size(H1_MAX_BUF)
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .max_concurrent_streams(H2_MAX_STREAMS)
         .keep_alive_interval(options.idle_timeout)
         .keep_alive_timeout(options.idle_timeout);
     let builder = Arc::new(builder);
