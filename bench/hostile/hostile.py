@@ -231,6 +231,7 @@ def main():
     ap.add_argument("--request-timeout", type=int, default=10)
     ap.add_argument("--max-concurrent", type=int, default=8)
     ap.add_argument("--max-connections", type=int, default=4096)
+    ap.add_argument("--body-memory", type=int, default=None, help="server.bodyMemoryBytes")
     ap.add_argument("--worker-threads", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=None,
                     help="good-client duration; default idle timeout + request timeout + 5")
@@ -246,6 +247,8 @@ def main():
         "WORKERTHREADS": args.worker_threads,
         "SHUTDOWNGRACESECONDS": 25,
     }
+    if args.body_memory is not None:
+        settings["BODYMEMORYBYTES"] = args.body_memory
     server = start(args.bin, settings)
     hwm_before = vm_hwm_kib(server.proc.pid)
     hostile = Hostile(server)

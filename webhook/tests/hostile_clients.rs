@@ -659,6 +659,7 @@ async fn ready_while_nodes_cannot_be_listed() {
         .env_remove("KUBERNETES_SERVICE_PORT")
         .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
         .env("HOME", dir.path())
+        .env_remove("GLIBC_TUNABLES")
         .env("RUST_LOG", "off")
         .kill_on_drop(true)
         .spawn()
@@ -673,6 +674,16 @@ async fn ready_while_nodes_cannot_be_listed() {
     let (status, body) = ops_get(ops, "/readyz").await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
     assert_eq!(metric(ops, "hami_webhook_kai_node_watch_synced").await, 0.0);
+    // `serve` restarted itself (same pid) with glibc's mmap threshold fixed, so that freed
+    // request bodies leave no resident memory behind.
+    let environ = std::fs::read(format!("/proc/{}/environ", child.id().unwrap())).unwrap();
+    assert!(
+        environ
+            .split(|b| *b == 0)
+            .any(|v| v == b"GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072"),
+        "{}",
+        String::from_utf8_lossy(&environ)
+    );
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     assert_allowed(&good_review(addr, &certs.ca_pem, b"h2").await);
     child.start_kill().unwrap();
