@@ -154,7 +154,7 @@ pub struct ServerSettings {
     /// Request body bytes held in memory at once over all requests; the first 64 KiB of each
     /// body are not counted, so small reviews never wait for room. A request that finds no room
     /// within `requestTimeoutSeconds` gets HTTP 503. Never less than `bodyLimitBytes`.
-    /// Default 16 MiB.
+    /// Default 8 MiB (one body at the default limit).
     pub body_memory_bytes: usize,
     /// Open connections at once. At the limit, a new connection closes the connection idle the
     /// longest (no request in progress); when every connection has one in progress, new ones wait
@@ -183,7 +183,7 @@ impl Default for ServerSettings {
             tls_handshake_timeout_seconds: 10,
             idle_timeout_seconds: 10,
             max_concurrent_requests: 256,
-            body_memory_bytes: 16 << 20,
+            body_memory_bytes: 8 << 20,
             max_connections: 4096,
             worker_threads: 0,
             cert_reload_interval_seconds: 5,
