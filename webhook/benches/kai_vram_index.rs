@@ -84,7 +84,7 @@ async fn main() {
         let index = Arc::clone(&index);
         let client = server.client();
         async move {
-            run_node_watch(client, index, "nvidia.com/gpu.memory", |_| {}, async move {
+            run_node_watch(client, index, "nvidia.com/gpu.memory", async move {
                 let _ = stopped.wait_for(|s| *s).await;
             })
             .await;

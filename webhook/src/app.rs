@@ -107,6 +107,11 @@ pub fn main() -> ExitCode {
     // One crypto provider, installed before anything touches rustls.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
+    // Before anything is logged or bound: `serve` may restart itself (same pid) once.
+    let pinned = match cli.command {
+        Command::Serve(_) => pin_malloc_mmap_threshold(),
+        _ => None,
+    };
     let config = match &cli.command {
         Command::Serve(a) => a.config.config.as_deref(),
         Command::Review(a) => a.config.config.as_deref(),
@@ -134,7 +139,12 @@ pub fn main() -> ExitCode {
         settings.kai.per_gpu_vram_mib = Some(n);
     }
     match cli.command {
-        Command::Serve(args) => serve(args, settings),
+        Command::Serve(args) => {
+            if let Some(e) = pinned {
+                warn!(error = %e, "cannot restart with a fixed malloc mmap threshold; large request bodies may leave memory resident");
+            }
+            serve(args, settings)
+        }
         Command::Review(args) => {
             let vram = match offline_basis(&settings, &args.vram) {
                 Ok(v) => v,
@@ -163,6 +173,46 @@ pub fn main() -> ExitCode {
             emit(&vram.with_basis(|b| mutate_command(&input, output, &settings, b)))
         }
     }
+}
+
+/// glibc's malloc raises its mmap threshold each time a large mapped block is freed; request
+/// bodies of several MiB then come from per-thread arenas that are not given back, and the
+/// server's RSS stays at the high-water mark of many bodies (49.9 MiB seen with 8 MiB bodies,
+/// 28 MiB with the threshold fixed). The threshold can only be fixed before the process starts,
+/// so `serve` restarts itself once (same pid: `exec`) with
+/// `GLIBC_TUNABLES=glibc.malloc.mmap_threshold=131072` (glibc's default value, now fixed) added,
+/// unless `GLIBC_TUNABLES` already sets `glibc.malloc.mmap_threshold` or this is not glibc.
+/// Returns the error when the `exec` failed (the server then runs as it is).
+fn pin_malloc_mmap_threshold() -> Option<std::io::Error> {
+    use std::os::unix::process::CommandExt as _;
+    const VAR: &str = "GLIBC_TUNABLES";
+    const SETTING: &str = "glibc.malloc.mmap_threshold";
+    if !cfg!(all(target_os = "linux", target_env = "gnu")) {
+        return None;
+    }
+    let current = std::env::var(VAR).unwrap_or_default();
+    if current.contains(SETTING) {
+        return None;
+    }
+    let value = if current.is_empty() {
+        format!("{SETTING}=131072")
+    } else {
+        format!("{current}:{SETTING}=131072")
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return Some(e),
+    };
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+    // Returns only on failure.
+    Some(
+        std::process::Command::new(exe)
+            .arg0(arg0)
+            .args(args)
+            .env(VAR, value)
+            .exec(),
+    )
 }
 
 /// `review` and `mutate`: a fixed basis (`--per-gpu-vram-mib`, `kai.perGpuVramMib`, `--nodes`)

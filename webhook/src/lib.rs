@@ -23,6 +23,7 @@
 pub mod app;
 pub mod basis;
 pub mod cli;
+pub mod conn;
 pub mod decide;
 pub mod delivery;
 pub mod dev;

@@ -27,6 +27,8 @@ pub struct Metrics {
     latency: Histogram,
     in_flight: Gauge,
     tls_handshake_failures: Counter,
+    connections_open: Gauge,
+    connections_closed: Family<Label, Counter>,
     cert_reload_success: Counter,
     cert_reload_failure: Counter,
     cert_expiry: Gauge,
@@ -77,6 +79,21 @@ impl Metrics {
             "TLS handshakes that failed or timed out",
             tls_handshake_failures.clone(),
         );
+        let connections_open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "Admission (HTTPS) connections open now",
+            connections_open.clone(),
+        );
+        let connections_closed = Family::<Label, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Admission connections closed by the server, by reason (idle: idle timeout; evicted: at maxConnections, the idlest; shutdown: idle or over the grace period at shutdown)",
+            connections_closed.clone(),
+        );
+        for reason in ["idle", "evicted", "shutdown"] {
+            let _ = connections_closed.get_or_create(&[("reason", reason)]);
+        }
         let reloads = Family::<Label, Counter>::default();
         registry.register(
             "certificate_reloads",
@@ -104,6 +121,8 @@ impl Metrics {
             latency,
             in_flight,
             tls_handshake_failures,
+            connections_open,
+            connections_closed,
             cert_reload_success,
             cert_reload_failure,
             cert_expiry,
@@ -161,6 +180,19 @@ impl Metrics {
     /// Count a failed or timed-out TLS handshake.
     pub fn observe_handshake_failure(&self) {
         self.tls_handshake_failures.inc();
+    }
+
+    /// The open-connections gauge.
+    #[must_use]
+    pub fn connections_open(&self) -> &Gauge {
+        &self.connections_open
+    }
+
+    /// Count a connection the server closed: `idle`, `evicted` or `shutdown`.
+    pub fn observe_connection_closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     /// Count a certificate load; on success record the new expiry.

@@ -154,13 +154,26 @@ pub struct ServerSettings {
     pub tls_key: PathBuf,
     /// Largest accepted request body; larger gets HTTP 413. Default 8 MiB.
     pub body_limit_bytes: usize,
-    /// Time allowed to receive a request and answer it; later gets HTTP 408. Default 10.
+    /// Time allowed to receive a request: its headers on HTTP/1.1 (else the connection is closed)
+    /// and its whole body from the headers on (else HTTP 408). Default 10.
     pub request_timeout_seconds: u64,
     /// Time allowed for a TLS handshake. Default 10.
     pub tls_handshake_timeout_seconds: u64,
-    /// Reviews processed at once; more wait. Default 256.
+    /// A connection with no request in progress is closed after this long: from accept to the
+    /// first request's headers (TLS handshake, HTTP/1.1-or-HTTP/2 detection, the headers), and
+    /// between requests (HTTP/1.1 keep-alive, an idle HTTP/2 connection, which gets a GOAWAY
+    /// first). Default 10.
+    pub idle_timeout_seconds: u64,
+    /// Reviews processed at once, counted once the body has arrived; more wait. Default 256.
     pub max_concurrent_requests: usize,
-    /// Open connections at once; more wait in the listen backlog. Default 4096.
+    /// Request body bytes held in memory at once over all requests; the first 64 KiB of each
+    /// body are not counted, so small reviews never wait for room. A request that finds no room
+    /// within `requestTimeoutSeconds` gets HTTP 503. Never less than `bodyLimitBytes`.
+    /// Default 8 MiB (one body at the default limit).
+    pub body_memory_bytes: usize,
+    /// Open connections at once. At the limit, a new connection closes the connection idle the
+    /// longest (no request in progress); when every connection has one in progress, new ones wait
+    /// in the listen backlog. Default 4096.
     pub max_connections: usize,
     /// Tokio worker threads: 0 = one per CPU this process may run on; 1 = a single-threaded
     /// runtime. Default 0.
@@ -183,7 +196,9 @@ impl Default for ServerSettings {
             body_limit_bytes: 8 << 20,
             request_timeout_seconds: 10,
             tls_handshake_timeout_seconds: 10,
+            idle_timeout_seconds: 10,
             max_concurrent_requests: 256,
+            body_memory_bytes: 8 << 20,
             max_connections: 4096,
             worker_threads: 0,
             cert_reload_interval_seconds: 5,
@@ -204,6 +219,19 @@ impl ServerSettings {
     #[must_use]
     pub fn tls_handshake_timeout(&self) -> Duration {
         Duration::from_secs(self.tls_handshake_timeout_seconds.max(1))
+    }
+
+    /// [`Self::idle_timeout_seconds`] as a duration (at least 1 s).
+    #[must_use]
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.idle_timeout_seconds.max(1))
+    }
+
+    /// [`Self::body_memory_bytes`], never less than [`Self::body_limit_bytes`] (a body within the
+    /// limit must always fit).
+    #[must_use]
+    pub fn body_memory(&self) -> usize {
+        self.body_memory_bytes.max(self.body_limit_bytes)
     }
 
     /// [`Self::cert_reload_interval_seconds`] as a duration (at least 1 s).

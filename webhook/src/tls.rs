@@ -195,16 +195,17 @@ impl CertStore {
                 source,
             })
         };
-        let (cert_pem, key_pem) = match (read(cert), read(key)) {
-            (Ok(c), Ok(k)) => (c, k),
-            (Err(e), _) | (_, Err(e)) => {
-                // A missing file is reported once per distinct state, like a bad one.
-                return self.failed_once(u64::MAX, e);
-            }
-        };
+        let (cert_read, key_read) = (read(cert), read(key));
+        // The state is what was read, failures included: each distinct state is counted once
+        // (a pair mid-rotation, e.g. the key written and the certificate not yet, is a failure
+        // of its own, not the same state as both files missing).
         let mut hasher = DefaultHasher::new();
-        cert_pem.hash(&mut hasher);
-        key_pem.hash(&mut hasher);
+        for r in [&cert_read, &key_read] {
+            match r {
+                Ok(bytes) => (0u8, bytes).hash(&mut hasher),
+                Err(e) => (1u8, e.to_string()).hash(&mut hasher),
+            }
+        }
         let hash = hasher.finish();
         if *self
             .last_seen
@@ -214,6 +215,10 @@ impl CertStore {
         {
             return ReloadResult::Unchanged;
         }
+        let (cert_pem, key_pem) = match (cert_read, key_read) {
+            (Ok(c), Ok(k)) => (c, k),
+            (Err(e), _) | (_, Err(e)) => return self.failed_once(hash, e),
+        };
         match load_pem(&cert_pem, &key_pem, Some(cert), Some(key)) {
             Ok(loaded) => {
                 *self
@@ -287,4 +292,65 @@ pub fn server_config(store: Arc<CertStore>) -> Result<Arc<ServerConfig>, TlsErro
         .with_cert_resolver(store);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every distinct state of the two files is counted once: a key without its certificate
+    /// (mid-rotation) is a failure of its own, not the "both missing" failure seen before it.
+    #[test]
+    fn each_failing_state_of_the_pair_is_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let metrics = Arc::new(Metrics::new());
+        let readiness = Readiness::new(&[READY_CERTIFICATE]);
+        let store = CertStore::from_files(
+            cert.clone(),
+            key.clone(),
+            Arc::clone(&metrics),
+            readiness.clone(),
+        );
+        // Both missing, at start.
+        assert_eq!(metrics.cert_reloads(), (0, 1));
+        assert!(matches!(store.check_once(), ReloadResult::Unchanged));
+        // The key arrives first, the certificate not yet.
+        let pair = crate::dev::generate_localhost().unwrap();
+        std::fs::write(&key, &pair.key_pem).unwrap();
+        assert!(matches!(
+            store.check_once(),
+            ReloadResult::Failed(TlsError::Read { .. })
+        ));
+        assert_eq!(metrics.cert_reloads(), (0, 2));
+        assert!(matches!(store.check_once(), ReloadResult::Unchanged));
+        assert_eq!(metrics.cert_reloads(), (0, 2));
+        assert!(!readiness.is_ready());
+        // The certificate arrives: loaded.
+        std::fs::write(&cert, &pair.cert_pem).unwrap();
+        assert!(matches!(store.check_once(), ReloadResult::Reloaded));
+        assert_eq!(metrics.cert_reloads(), (1, 2));
+        assert!(readiness.is_ready());
+        // Mid-rotation again: the certificate removed, the key still there. Counted, the loaded
+        // pair kept; then the same pair back is a reload.
+        std::fs::remove_file(&cert).unwrap();
+        assert!(matches!(store.check_once(), ReloadResult::Failed(_)));
+        assert_eq!(metrics.cert_reloads(), (1, 3));
+        assert!(store.is_loaded());
+        // The key goes too: another state, counted.
+        std::fs::remove_file(&key).unwrap();
+        assert!(matches!(store.check_once(), ReloadResult::Failed(_)));
+        assert_eq!(metrics.cert_reloads(), (1, 4));
+        std::fs::write(&cert, &pair.cert_pem).unwrap();
+        assert!(matches!(store.check_once(), ReloadResult::Failed(_)));
+        assert_eq!(metrics.cert_reloads(), (1, 5));
+        std::fs::write(&key, &pair.key_pem).unwrap();
+        assert!(matches!(store.check_once(), ReloadResult::Reloaded));
+        assert_eq!(metrics.cert_reloads(), (2, 5));
+        let text = metrics.encode();
+        assert!(
+            text.contains("hami_webhook_certificate_reloads_total{result=\"failure\"} 5"),
+            "{text}"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! The KAI per-GPU VRAM basis against the in-process Kubernetes API server: the node watch
 //! (metadata only, GFD label selector) follows node add, relabel and delete; recovers from a
-//! dropped watch and from `410 Expired`; and `/readyz` stays false until the first list is read.
+//! dropped watch and from `410 Expired`; and a failing list shows in the metrics (readiness does
+//! not wait for the node list: the server's readiness is the certificate's alone).
 //! Every wait awaits a change notification with a generous timeout; nothing sleeps and hopes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -8,11 +9,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hami_ops::Readiness;
 use hami_tests::apiserver::{ApiServer, Fault, RequestMatch, Verb};
 use hami_webhook::basis::{Basis, SkipReason, VramBasis as _};
 use hami_webhook::placement::Placement;
-use hami_webhook::vram::{KaiMetrics, LiveVramIndex, READY_NODES, run_node_watch};
+use hami_webhook::vram::{KaiMetrics, LiveVramIndex, run_node_watch};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;
@@ -42,38 +42,24 @@ fn gpu(name: &str, mib: &str) -> Node {
 
 struct Watch {
     index: Arc<LiveVramIndex>,
-    readiness: Readiness,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
 fn start(server: &ApiServer) -> Watch {
     let index = LiveVramIndex::new(KaiMetrics::default());
-    let readiness = Readiness::new(&[READY_NODES]);
     let (stop, mut stopped) = watch::channel(false);
     let task = tokio::spawn({
         let index = Arc::clone(&index);
-        let readiness = readiness.clone();
         let client = server.client();
         async move {
-            run_node_watch(
-                client,
-                index,
-                SELECTOR,
-                move |s| readiness.set(READY_NODES, s),
-                async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                },
-            )
+            run_node_watch(client, index, SELECTOR, async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
             .await;
         }
     });
-    Watch {
-        index,
-        readiness,
-        stop,
-        task,
-    }
+    Watch { index, stop, task }
 }
 
 impl Watch {
@@ -116,7 +102,8 @@ async fn basis_follows_add_relabel_and_delete() {
         .unwrap();
     let w = start(&server);
     w.until_mib(81920).await;
-    assert!(w.readiness.is_ready());
+    assert_eq!(w.index.metrics().synced.get(), 1);
+    assert_eq!(w.index.metrics().failing.get(), 0);
     // Only GPU nodes are listed (label selector), as metadata.
     assert_eq!(w.index.read().len(), 1);
     let lists: Vec<_> = server
@@ -237,59 +224,39 @@ async fn dropped_watch_resumes_and_410_relists() {
     }
     assert_eq!(w.index.read().len(), 2);
     assert_eq!(w.index.read().node_mib("b"), None);
-    assert!(w.readiness.is_ready());
+    assert_eq!(w.index.metrics().synced.get(), 1);
     w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn not_ready_before_the_first_list() {
+async fn a_failing_list_shows_in_the_metrics_and_the_basis() {
     let server = ApiServer::start().await.unwrap();
     server.seed(&gpu("a", "81920")).unwrap();
-    // The first lists fail: the watch retries with backoff, and readiness waits for it.
+    // The first lists fail: the watch retries with backoff.
     server.fail_next(
         RequestMatch::new(Verb::List, "nodes"),
         2,
         Fault::Status(500),
     );
     let w = start(&server);
-    let ops = hami_ops::router(Arc::new(|_| String::new()), w.readiness.clone());
-    // Wait until the apiserver has refused a list, then check: not ready, no basis.
+    // Wait until the watch has seen a refused list, then check: failing, not synced, no basis.
     let mut waited = Duration::ZERO;
-    while !server.requests().iter().any(|r| r.fault.is_some()) {
-        assert!(waited < PATIENCE, "no list request seen");
+    while w.index.metrics().failing.get() != 1 {
+        assert!(waited < PATIENCE, "no failed list seen");
         let step = Duration::from_millis(10);
         tokio::time::sleep(step).await;
         waited += step;
     }
-    assert!(!w.readiness.is_ready());
+    assert!(server.requests().iter().any(|r| r.fault.is_some()));
+    assert_eq!(w.index.metrics().synced.get(), 0);
     assert_eq!(
         w.index.snapshot().basis(&Placement::any()),
         Err(SkipReason::NotSynced)
     );
-    assert_eq!(readyz(&ops).await.0, 503);
-    assert!(readyz(&ops).await.1.contains("nodes"));
-    // Then the list succeeds and the webhook becomes ready (readiness is set before the new
-    // index is announced).
+    // Then the list succeeds: synced, no longer failing.
     w.until_mib(81920).await;
-    assert!(w.readiness.is_ready());
-    assert_eq!(readyz(&ops).await.0, 200);
+    assert_eq!(w.index.metrics().synced.get(), 1);
+    assert_eq!(w.index.metrics().failing.get(), 0);
     assert!(w.index.metrics().watch_errors.get() >= 1);
     w.stop().await;
-}
-
-async fn readyz(router: &axum::Router) -> (u16, String) {
-    use http_body_util::BodyExt as _;
-    use tower::ServiceExt as _;
-    let response = router
-        .clone()
-        .oneshot(
-            http::Request::get("/readyz")
-                .body(axum::body::Body::empty())
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let code = response.status().as_u16();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (code, String::from_utf8_lossy(&body).into_owned())
 }

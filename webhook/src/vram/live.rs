@@ -76,19 +76,12 @@ impl LiveVramIndex {
         self.synced.load(Ordering::Acquire)
     }
 
-    /// Swap in a complete index and mark synced.
+    /// Swap in a complete index, mark synced, and notify subscribers.
     pub fn replace(&self, index: VramIndex) {
-        self.replace_then(index, || {});
-    }
-
-    /// Swap in a complete index, mark synced, run `then` (e.g. set readiness), and only then
-    /// notify subscribers, so that whoever sees the new index also sees `then`'s effect.
-    pub fn replace_then(&self, index: VramIndex, then: impl FnOnce()) {
         *self.write() = index;
         self.synced.store(true, Ordering::Release);
         self.metrics.synced.set(1);
         self.metrics.relists.inc();
-        then();
         self.changed();
     }
 

@@ -24,6 +24,9 @@ pub struct KaiMetrics {
     pub label_invalid: Gauge,
     /// `hami_webhook_kai_node_watch_synced`: 1 once the node list has been read.
     pub synced: Gauge,
+    /// `hami_webhook_kai_node_watch_failing`: 1 from a failed list or watch (or no API client)
+    /// until the watch reads again.
+    pub failing: Gauge,
     /// `hami_webhook_kai_node_watch_errors_total`.
     pub watch_errors: Counter,
     /// `hami_webhook_kai_node_watch_relists_total`.
@@ -63,6 +66,11 @@ impl KaiMetrics {
             "kai_node_watch_synced",
             "1 once the first node list has been read",
             self.synced.clone(),
+        );
+        registry.register(
+            "kai_node_watch_failing",
+            "1 while the node watch cannot list or watch nodes (readiness does not wait for it)",
+            self.failing.clone(),
         );
         registry.register(
             "kai_node_watch_errors",

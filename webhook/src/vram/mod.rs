@@ -20,4 +20,4 @@ pub use index::{IndexChange, NodeMeta, VramIndex, parse_gpu_memory_label};
 pub use live::{LiveVramIndex, VramSnapshot};
 pub use metrics::KaiMetrics;
 pub use source::{VramArgs, VramSource};
-pub use watch::{READY_NODES, run_node_watch, watch_cluster};
+pub use watch::{run_node_watch, watch_cluster};

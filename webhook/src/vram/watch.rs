@@ -12,16 +12,13 @@ use hami_shared::names::LABEL_GPU_MEMORY;
 use crate::vram::index::{IndexChange, VramIndex, parse_gpu_memory_label};
 use crate::vram::live::LiveVramIndex;
 
-/// The readiness condition the node watch sets once the first list is read.
-pub const READY_NODES: &str = "nodes";
-
 /// The server's node watch: build a client from the environment (in-cluster service account or
 /// kubeconfig), retrying with backoff until it works, then [`run_node_watch`] until `shutdown`.
-/// `/readyz` stays false (condition [`READY_NODES`]) until the first list is read.
+/// Readiness does not wait for it: its state is in the metrics (`kai_node_watch_synced`,
+/// `kai_node_watch_failing`) and the log, and a pod reviewed before the first list has no basis.
 pub async fn watch_cluster(
     index: Arc<LiveVramIndex>,
     label_selector: String,
-    readiness: hami_ops::Readiness,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -31,6 +28,7 @@ pub async fn watch_cluster(
             Ok(c) => break c,
             Err(e) => {
                 index.metrics().watch_errors.inc();
+                index.metrics().failing.set(1);
                 tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64, "no Kubernetes client for the node watch; gpu-fraction caps are skipped until it works (or set HAMI_KAI__PER_GPU_VRAM_MIB)");
                 tokio::select! {
                     () = &mut shutdown => return,
@@ -41,24 +39,17 @@ pub async fn watch_cluster(
         }
     };
     tracing::info!(label_selector = %label_selector, "watching GPU nodes (metadata only)");
-    run_node_watch(
-        client,
-        index,
-        &label_selector,
-        |synced| readiness.set(READY_NODES, synced),
-        shutdown,
-    )
-    .await;
+    run_node_watch(client, index, &label_selector, shutdown).await;
 }
 
 /// Keep `index` current from the cluster's Nodes carrying `label_selector` (metadata only) until
-/// `shutdown`. Calls `on_synced(true)` after each complete list. Errors are logged and counted;
-/// the watch resumes or re-lists with backoff.
+/// `shutdown`. Errors are logged and counted, and `kai_node_watch_failing` is 1 from an error to
+/// the next event read (each change of state is logged once); the watch resumes or re-lists with
+/// backoff.
 pub async fn run_node_watch(
     client: kube::Client,
     index: Arc<LiveVramIndex>,
     label_selector: &str,
-    on_synced: impl Fn(bool) + Send,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     use futures::StreamExt as _;
@@ -80,6 +71,13 @@ pub async fn run_node_watch(
             e = stream.next() => e,
         };
         let Some(event) = event else { break };
+        let failing = event.is_err();
+        if index.metrics().failing.get() != i64::from(failing) {
+            index.metrics().failing.set(i64::from(failing));
+            if !failing {
+                tracing::info!(synced = index.is_synced(), "node watch working again");
+            }
+        }
         match event {
             Ok(watcher::Event::Init) => pending = Some(VramIndex::new()),
             Ok(watcher::Event::InitApply(obj)) => {
@@ -94,7 +92,7 @@ pub async fn run_node_watch(
                     invalid_labels = fresh.invalid_labels(),
                     "GPU node list read"
                 );
-                index.replace_then(fresh, || on_synced(true));
+                index.replace(fresh);
             }
             Ok(watcher::Event::Apply(obj)) => {
                 index.update(|i| apply(i, &obj.metadata));
@@ -105,7 +103,11 @@ pub async fn run_node_watch(
             }
             Err(e) => {
                 index.metrics().watch_errors.inc();
-                tracing::warn!(error = %e, "node watch error; resuming");
+                tracing::warn!(
+                    error = %e,
+                    synced = index.is_synced(),
+                    "node watch error; resuming (gpu-fraction pods get no basis until the first list is read)"
+                );
             }
         }
     }
