@@ -78,6 +78,9 @@ pub enum BodyError {
 #[derive(Debug, Clone)]
 pub struct Reviewed {
     pub outcome: Outcome,
+    /// For logs: the request's `uid` (empty when the review had none), the key that ties a log
+    /// line to the API server's audit log and to the answer.
+    pub uid: String,
     /// The response AdmissionReview, JSON.
     pub body: Vec<u8>,
     /// For logs: `<namespace>/<name>` of the pod when known.
@@ -306,6 +309,7 @@ fn finish(
     };
     Ok(Reviewed {
         outcome,
+        uid: uid.to_owned(),
         body,
         pod,
         message,

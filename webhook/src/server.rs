@@ -197,6 +197,13 @@ async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Respons
     let deadline = tokio::time::Instant::now() + server.request_timeout();
     let refuse = |code: StatusCode, message: String| {
         state.metrics.observe_http_error(code.as_u16());
+        // The access log of a request refused before any review (no uid read yet).
+        debug!(
+            code = code.as_u16(),
+            reason = message.as_str(),
+            elapsed_us = start.elapsed().as_micros() as u64,
+            "admission request refused"
+        );
         plain(code, message)
     };
     if !is_json(request.headers().get(header::CONTENT_TYPE)) {
@@ -267,6 +274,7 @@ async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Respons
             ),
         );
     };
+    let body_len = body.len();
     let reviewed = if body.len() >= BLOCKING_REVIEW_BYTES {
         let worker = Arc::clone(&state);
         match tokio::task::spawn_blocking(move || worker.review(&body)).await {
@@ -289,18 +297,30 @@ async fn mutate(State(state): State<Arc<AppState>>, request: Request) -> Respons
                 .metrics
                 .observe_review(reviewed.outcome, start.elapsed());
             state.kai_metrics.observe(&reviewed.observations);
+            let uid = reviewed.uid.as_str();
             match reviewed.outcome {
                 Outcome::Denied => warn!(
+                    uid,
                     pod = reviewed.pod.as_deref().unwrap_or(""),
                     reason = reviewed.message.as_deref().unwrap_or(""),
                     "admission denied"
                 ),
                 Outcome::Invalid => warn!(
+                    uid,
                     reason = reviewed.message.as_deref().unwrap_or(""),
                     "invalid admission review"
                 ),
                 Outcome::Allowed | Outcome::Patched => {}
             }
+            // The access log: one line per answered review, at debug level.
+            debug!(
+                uid,
+                outcome = reviewed.outcome.as_str(),
+                request_bytes = body_len,
+                response_bytes = reviewed.body.len(),
+                elapsed_us = start.elapsed().as_micros() as u64,
+                "admission review"
+            );
             (
                 StatusCode::OK,
                 [(

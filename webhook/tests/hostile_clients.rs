@@ -689,3 +689,119 @@ async fn ready_while_nodes_cannot_be_listed() {
     child.start_kill().unwrap();
     let _ = child.wait().await;
 }
+
+/// POSTs `body` to `/mutate` over HTTP/1.1 on a fresh connection; the status and the body.
+async fn post(addr: SocketAddr, ca: &str, body: String) -> (StatusCode, Bytes) {
+    let io = TokioIo::new(tls(addr, ca, b"http/1.1").await);
+    let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("https://localhost/mutate")
+        .header("content-type", "application/json")
+        .body(full(body))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status();
+    (status, resp.into_body().collect().await.unwrap().to_bytes())
+}
+
+/// The binary's JSON logs at debug level: every admission log line names the request's uid, and
+/// each review gets one access-log line (`admission review`: uid, outcome, sizes, time); a request
+/// refused before review gets `admission request refused` with its HTTP status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admission_log_line_names_the_request_uid() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let certs = generate_localhost().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_pair(dir.path(), &certs);
+    let (port, ops_port) = (free_port(), free_port());
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hami-webhook"))
+        .arg("serve")
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .arg(format!("--metrics-listen=127.0.0.1:{ops_port}"))
+        .arg(format!(
+            "--tls-cert={}",
+            dir.path().join("tls.crt").display()
+        ))
+        .arg(format!(
+            "--tls-key={}",
+            dir.path().join("tls.key").display()
+        ))
+        .arg("--per-gpu-vram-mib=16384")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
+        .env("HOME", dir.path())
+        .env("HAMI_LOG_FORMAT", "json")
+        .env("RUST_LOG", "hami_webhook=debug")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let ops = SocketAddr::from(([127, 0, 0, 1], ops_port));
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while TcpStream::connect(ops).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(ops, "/readyz", |s, _| s == StatusCode::OK).await;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let ca = certs.ca_pem.as_str();
+
+    let plain: Value = serde_json::from_str(PLAIN_POD).unwrap();
+    let plain_uid = plain["request"]["uid"].as_str().unwrap().to_owned();
+    let (status, _) = post(addr, ca, PLAIN_POD.to_owned()).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let mut denied: Value = serde_json::from_str(include_str!("fixtures/hami-pod.json")).unwrap();
+    denied["request"]["uid"] = "deny-uid-0001".into();
+    denied["request"]["object"]["spec"]["containers"][0]["securityContext"] =
+        serde_json::json!({"privileged": true});
+    let (status, answer) = post(addr, ca, denied.to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+
+    let (status, _) = post(addr, ca, "not json".to_owned()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    child.start_kill().unwrap();
+    let out = child.wait_with_output().await.unwrap();
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let find = |message: &str, uid: &str| {
+        lines
+            .iter()
+            .find(|l| l["message"] == message && l["uid"] == uid)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {message:?} line for uid {uid:?} in {lines:#?}"))
+    };
+    let access = find("admission review", &plain_uid);
+    assert_eq!(access["level"], "DEBUG", "{access}");
+    assert_eq!(access["outcome"], "allowed", "{access}");
+    assert!(
+        access["elapsed_us"].is_u64() && access["response_bytes"].is_u64(),
+        "{access}"
+    );
+    let warned = find("admission denied", "deny-uid-0001");
+    assert!(
+        warned["reason"].as_str().unwrap().contains("privileged"),
+        "{warned}"
+    );
+    assert_eq!(
+        find("admission review", "deny-uid-0001")["outcome"],
+        "denied"
+    );
+    // Every line about a review names its uid.
+    for l in &lines {
+        if l["message"] == "admission review" || l["message"] == "admission denied" {
+            assert!(l["uid"].as_str().is_some_and(|u| !u.is_empty()), "{l}");
+        }
+    }
+    let refused = lines
+        .iter()
+        .find(|l| l["message"] == "admission request refused")
+        .unwrap_or_else(|| panic!("no refusal line in {lines:#?}"));
+    assert_eq!(refused["code"], 400, "{refused}");
+}
