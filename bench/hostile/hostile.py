@@ -230,7 +230,7 @@ def main():
     ap.add_argument("--idle-timeout", type=int, default=10)
     ap.add_argument("--request-timeout", type=int, default=10)
     ap.add_argument("--max-concurrent", type=int, default=8)
-    ap.add_argument("--max-connections", type=int, default=4096)
+    ap.add_argument("--max-connections", type=int, default=256)
     ap.add_argument("--body-memory", type=int, default=None, help="server.bodyMemoryBytes")
     ap.add_argument("--worker-threads", type=int, default=0)
     ap.add_argument("--seconds", type=float, default=None,

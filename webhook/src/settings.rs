@@ -173,7 +173,10 @@ pub struct ServerSettings {
     pub body_memory_bytes: usize,
     /// Open connections at once. At the limit, a new connection closes the connection idle the
     /// longest (no request in progress); when every connection has one in progress, new ones wait
-    /// in the listen backlog. Default 4096.
+    /// in the listen backlog. Default 256: an API server opens a handful of (HTTP/2) connections;
+    /// each open connection costs about 17 KiB, so with the body budget full (8 MiB) a client
+    /// that opens thousands of connections (the idlest evicted) still leaves the peak RSS under
+    /// 30 MiB (`bench/hostile/hostile.py`: 27.5 MiB with 1,816 hostile connections).
     pub max_connections: usize,
     /// Tokio worker threads: 0 = one per CPU this process may run on; 1 = a single-threaded
     /// runtime. Default 0.
@@ -199,7 +202,7 @@ impl Default for ServerSettings {
             idle_timeout_seconds: 10,
             max_concurrent_requests: 256,
             body_memory_bytes: 8 << 20,
-            max_connections: 4096,
+            max_connections: 256,
             worker_threads: 0,
             cert_reload_interval_seconds: 5,
             shutdown_grace_seconds: 25,
