@@ -641,35 +641,7 @@ async fn ready_while_nodes_cannot_be_listed() {
     let certs = generate_localhost().unwrap();
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), &certs);
-    let (port, ops_port) = (free_port(), free_port());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hami-webhook"))
-        .arg("serve")
-        .arg(format!("--listen=127.0.0.1:{port}"))
-        .arg(format!("--metrics-listen=127.0.0.1:{ops_port}"))
-        .arg(format!(
-            "--tls-cert={}",
-            dir.path().join("tls.crt").display()
-        ))
-        .arg(format!(
-            "--tls-key={}",
-            dir.path().join("tls.key").display()
-        ))
-        // No cluster: neither in-cluster variables nor a kubeconfig.
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
-        .env("HOME", dir.path())
-        .env_remove("GLIBC_TUNABLES")
-        .env("RUST_LOG", "off")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let ops = SocketAddr::from(([127, 0, 0, 1], ops_port));
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while TcpStream::connect(ops).await.is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "never listened");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (mut child, addr, ops) = start_binary(dir.path(), &[], &[("RUST_LOG", "off")], false).await;
     wait_metric(ops, "hami_webhook_kai_node_watch_failing", |v| v == 1.0).await;
     let (status, body) = ops_get(ops, "/readyz").await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
@@ -684,10 +656,47 @@ async fn ready_while_nodes_cannot_be_listed() {
         "{}",
         String::from_utf8_lossy(&environ)
     );
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     assert_allowed(&good_review(addr, &certs.ca_pem, b"h2").await);
     child.start_kill().unwrap();
     let _ = child.wait().await;
+}
+
+/// The real binary, `serve` on free loopback ports with the pair in `dir`, no cluster (neither
+/// in-cluster variables nor a kubeconfig), `extra` flags and `env`; returns once the ops port
+/// listens: the child, the admission address and the ops address.
+async fn start_binary(
+    dir: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+    capture_stderr: bool,
+) -> (tokio::process::Child, SocketAddr, SocketAddr) {
+    let (port, ops_port) = (free_port(), free_port());
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_hami-webhook"));
+    command
+        .arg("serve")
+        .arg(format!("--listen=127.0.0.1:{port}"))
+        .arg(format!("--metrics-listen=127.0.0.1:{ops_port}"))
+        .arg(format!("--tls-cert={}", dir.join("tls.crt").display()))
+        .arg(format!("--tls-key={}", dir.join("tls.key").display()))
+        .args(extra)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        .env("KUBECONFIG", dir.join("no-such-kubeconfig"))
+        .env("HOME", dir)
+        .env_remove("GLIBC_TUNABLES")
+        .envs(env.iter().copied())
+        .kill_on_drop(true);
+    if capture_stderr {
+        command.stderr(std::process::Stdio::piped());
+    }
+    let child = command.spawn().unwrap();
+    let ops = SocketAddr::from(([127, 0, 0, 1], ops_port));
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while TcpStream::connect(ops).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (child, SocketAddr::from(([127, 0, 0, 1], port)), ops)
 }
 
 /// POSTs `body` to `/mutate` over HTTP/1.1 on a fresh connection; the status and the body.
@@ -713,38 +722,17 @@ async fn every_admission_log_line_names_the_request_uid() {
     let certs = generate_localhost().unwrap();
     let dir = tempfile::tempdir().unwrap();
     write_pair(dir.path(), &certs);
-    let (port, ops_port) = (free_port(), free_port());
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hami-webhook"))
-        .arg("serve")
-        .arg(format!("--listen=127.0.0.1:{port}"))
-        .arg(format!("--metrics-listen=127.0.0.1:{ops_port}"))
-        .arg(format!(
-            "--tls-cert={}",
-            dir.path().join("tls.crt").display()
-        ))
-        .arg(format!(
-            "--tls-key={}",
-            dir.path().join("tls.key").display()
-        ))
-        .arg("--per-gpu-vram-mib=16384")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBERNETES_SERVICE_PORT")
-        .env("KUBECONFIG", dir.path().join("no-such-kubeconfig"))
-        .env("HOME", dir.path())
-        .env("HAMI_LOG_FORMAT", "json")
-        .env("RUST_LOG", "hami_webhook=debug")
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let ops = SocketAddr::from(([127, 0, 0, 1], ops_port));
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while TcpStream::connect(ops).await.is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "never listened");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (child, addr, ops) = start_binary(
+        dir.path(),
+        &["--per-gpu-vram-mib=16384"],
+        &[
+            ("HAMI_LOG_FORMAT", "json"),
+            ("RUST_LOG", "hami_webhook=debug"),
+        ],
+        true,
+    )
+    .await;
     wait_for(ops, "/readyz", |s, _| s == StatusCode::OK).await;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let ca = certs.ca_pem.as_str();
 
     let plain: Value = serde_json::from_str(PLAIN_POD).unwrap();
@@ -764,6 +752,7 @@ async fn every_admission_log_line_names_the_request_uid() {
     let (status, _) = post(addr, ca, "not json".to_owned()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 
+    let mut child = child;
     child.start_kill().unwrap();
     let out = child.wait_with_output().await.unwrap();
     let lines: Vec<Value> = String::from_utf8_lossy(&out.stderr)
