@@ -12,118 +12,36 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use hami_webhook::dev::{DevCerts, generate_localhost};
-use hami_webhook::server::{CertSource, run};
 use hami_webhook::settings::Settings;
-use hami_webhook::vram::{KaiMetrics, VramSource};
 use http::{Request, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
+use rustls::pki_types::ServerName;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
+mod support;
+use support::{Body, DEADLINE, Server, client_config, full, ops_get, start_in, wait_for};
+
 const PLAIN_POD: &str = include_str!("fixtures/plain-pod.json");
-/// Generous: every wait is for a condition; this only bounds a failing test.
-const DEADLINE: Duration = Duration::from_secs(20);
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-type Body = BoxBody<Bytes, Infallible>;
-
-fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).boxed()
-}
-
-struct Server {
-    addr: SocketAddr,
-    ops: SocketAddr,
-    _dir: tempfile::TempDir,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
-}
-
 async fn start(certs: &DevCerts, tweak: impl FnOnce(&mut Settings)) -> Server {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
-    std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
+    write_pair(dir.path(), certs);
     let mut settings = Settings::default();
     settings.server.shutdown_grace_seconds = 10;
     tweak(&mut settings);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let ops = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (addr, ops_addr) = (listener.local_addr().unwrap(), ops.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let source = CertSource::Files {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-    };
-    let task = tokio::spawn(async move {
-        run(
-            Arc::new(settings),
-            VramSource::None,
-            KaiMetrics::default(),
-            listener,
-            ops,
-            source,
-            async move {
-                let _ = stopped.await;
-            },
-        )
-        .await
-        .unwrap();
-    });
-    let server = Server {
-        addr,
-        ops: ops_addr,
-        _dir: dir,
-        stop: Some(stop),
-        task,
-    };
-    wait_for(server.ops, "/readyz", |s, _| s == StatusCode::OK).await;
-    server
-}
-
-async fn ops_get(ops: SocketAddr, path: &str) -> (StatusCode, String) {
-    let tcp = TcpStream::connect(ops).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = Request::get(path)
-        .header("host", "localhost")
-        .body(full(""))
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8(body.to_vec()).unwrap())
-}
-
-async fn wait_for(ops: SocketAddr, path: &str, check: impl Fn(StatusCode, &str) -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let (status, body) = ops_get(ops, path).await;
-        if check(status, &body) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition on {path} not reached; last: {status} {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    start_in(dir, settings).await
 }
 
 /// The value of the metric line starting with `name ` (labels included in `name`).
@@ -147,24 +65,9 @@ async fn wait_metric(ops: SocketAddr, name: &str, want: impl Fn(f64) -> bool) {
     .await;
 }
 
-fn client_config(ca_pem: &str, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Arc::new(config)
-}
-
 async fn tls(addr: SocketAddr, ca: &str, alpn: &[u8]) -> TlsStream<TcpStream> {
     let tcp = TcpStream::connect(addr).await.unwrap();
-    TlsConnector::from(client_config(ca, &[alpn]))
+    TlsConnector::from(client_config(ca, &[alpn], false))
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
         .unwrap()
@@ -338,16 +241,6 @@ async fn all_closed(stalled: Vec<Stalled>) {
         tokio::time::timeout(DEADLINE, s.closed)
             .await
             .unwrap_or_else(|_| panic!("{}: not closed by the server", s.what))
-            .unwrap();
-    }
-}
-
-impl Server {
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(DEADLINE, self.task)
-            .await
-            .expect("server stops")
             .unwrap();
     }
 }

@@ -14,8 +14,7 @@ use hami_webhook::server::{CertSource, run};
 use hami_webhook::settings::Settings;
 use hami_webhook::vram::{KaiMetrics, VramSource};
 use http::{Request, StatusCode};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
@@ -23,32 +22,14 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
+
+mod support;
+use support::{Body, DEADLINE, Server, client_config, full, install_provider, start_in};
 
 const PLAIN_POD: &str = include_str!("fixtures/plain-pod.json");
 const HAMI_POD: &str = include_str!("fixtures/hami-pod.json");
 const KAI_POD: &str = include_str!("fixtures/kai-fraction-small.json");
-const DEADLINE: Duration = Duration::from_secs(20);
-
-type Body = BoxBody<Bytes, Infallible>;
-
-fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).boxed()
-}
-
-fn install_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
-/// A running server and what a test needs to talk to it.
-struct Server {
-    addr: SocketAddr,
-    ops: SocketAddr,
-    dir: tempfile::TempDir,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
-}
 
 /// Write the certificate and key the way a Secret volume does: files behind a `..data` symlink
 /// that is swapped atomically to a new timestamped directory.
@@ -77,111 +58,7 @@ async fn start(certs: &DevCerts, tweak: impl FnOnce(&mut Settings)) -> Server {
     settings.server.cert_reload_interval_seconds = 1;
     settings.server.shutdown_grace_seconds = 10;
     tweak(&mut settings);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let ops = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let ops_addr = ops.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let source = CertSource::Files {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-    };
-    let task = tokio::spawn(async move {
-        run(
-            Arc::new(settings),
-            VramSource::None,
-            KaiMetrics::default(),
-            listener,
-            ops,
-            source,
-            async move {
-                let _ = stopped.await;
-            },
-        )
-        .await
-        .unwrap();
-    });
-    let server = Server {
-        addr,
-        ops: ops_addr,
-        dir,
-        stop: Some(stop),
-        task,
-    };
-    server.wait_for(|s, _| s == StatusCode::OK, "/readyz").await;
-    server
-}
-
-impl Server {
-    /// GET `path` on the plain-HTTP port.
-    async fn ops_get(&self, path: &str) -> (StatusCode, String) {
-        let tcp = TcpStream::connect(self.ops).await.unwrap();
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        let req = Request::get(path)
-            .header("host", "localhost")
-            .body(full(""))
-            .unwrap();
-        let resp = send.send_request(req).await.unwrap();
-        let status = resp.status();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8(body.to_vec()).unwrap())
-    }
-
-    /// Poll `path` until `check(status, body)` holds.
-    async fn wait_for(&self, check: impl Fn(StatusCode, &str) -> bool, path: &str) -> String {
-        let deadline = tokio::time::Instant::now() + DEADLINE;
-        loop {
-            let (status, body) = self.ops_get(path).await;
-            if check(status, &body) {
-                return body;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "condition on {path} not reached; last: {status} {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn wait_metric(&self, line: &str) {
-        let line = line.to_owned();
-        self.wait_for(
-            move |s, body| s == StatusCode::OK && body.lines().any(|l| l == line),
-            "/metrics",
-        )
-        .await;
-    }
-
-    async fn stop(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(DEADLINE, self.task)
-            .await
-            .expect("server stops")
-            .unwrap();
-    }
-}
-
-fn client_config(ca_pem: &str, alpn: &[&[u8]], tls12_only: bool) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let versions: &[&rustls::SupportedProtocolVersion] = if tls12_only {
-        &[&rustls::version::TLS12]
-    } else {
-        &[&rustls::version::TLS13, &rustls::version::TLS12]
-    };
-    let mut config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(versions)
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Arc::new(config)
+    start_in(dir, settings).await
 }
 
 /// A TLS connection: the negotiated ALPN, the server's leaf certificate, and a request sender.
