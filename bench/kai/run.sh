@@ -39,34 +39,9 @@ for t in "${needs[@]}"; do
   command -v "$t" >/dev/null 2>&1 || { echo "missing $t (apt-get install -y nghttp2-client golang-go openssl)" >&2; exit 1; }
 done
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-if [ -z "${BIN:-}" ]; then
-  echo "== building hami-webhook (release)"
-  (cd "$ROOT" && cargo build --release -q -p hami-webhook)
-  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/hami-webhook"
-fi
-
-if [ -n "${GO_PEER_BIN:-}" ]; then
-  cp "$GO_PEER_BIN" "$WORK/go-peer-bin"
-else
-  echo "== building the Go peer"
-  cp -r "$HANDBOOK/bench/go-peer" "$WORK/go-peer"
-  chmod -R u+w "$WORK/go-peer"
-  (cd "$WORK/go-peer" && GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$WORK/gocache" go build -o "$WORK/go-peer-bin" .)
-fi
-
-echo "== test certificate, settings, a 10,000-node NodeList"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
-  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
+# WORK, cleanup, BIN, the Go peer, the test certificate.
+. "$ROOT/bench/lib.sh"
+echo "== settings, a 10,000-node NodeList"
 printf 'kai:\n  limitDelivery: env\n' >"$WORK/env-mode.yaml"
 printf 'kai:\n  limitDelivery: env\n  preloadContainers: all\n' >"$WORK/env-all.yaml"
 python3 - "$WORK/nodes.json" <<'PY'

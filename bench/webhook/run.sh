@@ -42,34 +42,8 @@ fi
 for t in "$H2LOAD" openssl taskset; do need "$t" || { echo "missing $t" >&2; exit 1; }; done
 [ -n "${GO_PEER_BIN:-}" ] || need go || { echo "missing go" >&2; exit 1; }
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-if [ -z "${BIN:-}" ]; then
-  echo "== building hami-webhook (release)"
-  (cd "$ROOT" && cargo build --release -q -p hami-webhook)
-  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/hami-webhook"
-fi
-
-if [ -n "${GO_PEER_BIN:-}" ]; then
-  cp "$GO_PEER_BIN" "$WORK/go-peer-bin"
-else
-  echo "== building the Go peer"
-  cp -r "$HANDBOOK/bench/go-peer" "$WORK/go-peer"
-  chmod -R u+w "$WORK/go-peer"
-  (cd "$WORK/go-peer" && GOFLAGS=-mod=mod GOPROXY=off GOCACHE="$WORK/gocache" go build -o "$WORK/go-peer-bin" .)
-fi
-
-echo "== test certificate"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
-  -subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
-  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" >/dev/null 2>&1
+# WORK, cleanup, BIN, the Go peer, the test certificate.
+. "$ROOT/bench/lib.sh"
 
 echo "== starting servers on core $SERVER_CORE"
 HAMI_KAI__PER_GPU_VRAM_MIB=16384 RUST_LOG=warn taskset -c "$SERVER_CORE" "$BIN" serve --listen "127.0.0.1:$OURS_PORT" \

@@ -62,59 +62,28 @@ impl Cli {
         let mut cli = Self::from_arg_matches(&matches)?;
         let mut deprecations = Vec::new();
         if let Some((_, sub)) = matches.subcommand() {
-            let mut fallback = |old: &str| {
+            let mut fallback = |(old, new): (&str, &str)| {
                 let value = old_env(old).filter(|v| !v.is_empty())?;
-                let new = RENAMED_ENV
-                    .iter()
-                    .find(|(o, _)| *o == old)
-                    .map_or("", |(_, n)| *n);
                 deprecations.push(format!("{old} is deprecated: use {new}"));
                 Some(value)
             };
-            // A value given by flag or by the new name wins; a default gives way to the old name.
-            let defaulted = |id: &str| {
-                matches!(
-                    sub.value_source(id),
+            let [node_env, hook_env] = RENAMED_ENV;
+            // A value given by flag or by the new name wins; the old name fills what is left
+            // open, and a default gives way to it.
+            if let Some(node) = cli.command.node_name_mut()
+                && node.is_none()
+            {
+                *node = fallback(node_env).map(|v| v.to_string_lossy().into_owned());
+            }
+            // (Asked only of a command that has the argument: clap refuses unknown ids.)
+            if let Some(hook) = cli.command.hook_path_mut()
+                && matches!(
+                    sub.value_source("hook_path"),
                     None | Some(clap::parser::ValueSource::DefaultValue)
                 )
-            };
-            let wants_node = match &cli.command {
-                Command::Run(args) => args.source.node_name.is_none(),
-                Command::Inventory(args) => args.source.node_name.is_none(),
-                Command::Plan(args) => args.node.is_none(),
-                Command::InstallHook(_) => false,
-            };
-            let wants_hook =
-                !matches!(cli.command, Command::Inventory(_)) && defaulted("hook_path");
-            let node = wants_node
-                .then(|| fallback("NODE_NAME"))
-                .flatten()
-                .map(|v| v.to_string_lossy().into_owned());
-            let hook = wants_hook
-                .then(|| fallback("HOOK_PATH"))
-                .flatten()
-                .map(PathBuf::from);
-            match &mut cli.command {
-                Command::Run(args) => {
-                    args.source.node_name = args.source.node_name.take().or(node);
-                    if let Some(hook) = hook {
-                        args.allocate.hook_path = hook;
-                    }
-                }
-                Command::Inventory(args) => {
-                    args.source.node_name = args.source.node_name.take().or(node);
-                }
-                Command::Plan(args) => {
-                    args.node = args.node.take().or(node);
-                    if let Some(hook) = hook {
-                        args.hook_path = hook;
-                    }
-                }
-                Command::InstallHook(args) => {
-                    if let Some(hook) = hook {
-                        args.hook_path = hook;
-                    }
-                }
+                && let Some(v) = fallback(hook_env)
+            {
+                *hook = PathBuf::from(v);
             }
         }
         Ok(Parsed { cli, deprecations })
@@ -169,6 +138,28 @@ pub enum Command {
     /// path).
     #[command(verbatim_doc_comment)]
     InstallHook(crate::install_hook::InstallHookArgs),
+}
+
+impl Command {
+    /// The node name this command takes, if it takes one.
+    fn node_name_mut(&mut self) -> Option<&mut Option<String>> {
+        match self {
+            Self::Run(args) => Some(&mut args.source.node_name),
+            Self::Inventory(args) => Some(&mut args.source.node_name),
+            Self::Plan(args) => Some(&mut args.node),
+            Self::InstallHook(_) => None,
+        }
+    }
+
+    /// The hook path this command takes, if it takes one.
+    fn hook_path_mut(&mut self) -> Option<&mut PathBuf> {
+        match self {
+            Self::Run(args) => Some(&mut args.allocate.hook_path),
+            Self::Plan(args) => Some(&mut args.hook_path),
+            Self::InstallHook(args) => Some(&mut args.hook_path),
+            Self::Inventory(_) => None,
+        }
+    }
 }
 
 /// Where the GPUs and the settings come from (shared by both sub-commands).
@@ -354,6 +345,17 @@ mod tests {
             PathBuf::from(hami_shared::names::DEFAULT_HOOK_PATH)
         );
         assert!(parsed.deprecations.is_empty());
+
+        // `inventory` takes a node name but no hook path.
+        let parsed = parse(&["p", "inventory"], &old);
+        let Command::Inventory(args) = parsed.cli.command else {
+            panic!("not inventory")
+        };
+        assert_eq!(args.source.node_name.as_deref(), Some("from-old"));
+        assert_eq!(
+            parsed.deprecations,
+            ["NODE_NAME is deprecated: use HAMI_NODE_NAME"]
+        );
 
         // An empty old value is not a value.
         let parsed = parse(&["p", "run"], &[("NODE_NAME", "")]);

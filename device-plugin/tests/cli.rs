@@ -434,19 +434,23 @@ fn a_bad_metrics_address_exits_2() {
 fn old_environment_names_work_with_a_deprecation_notice() {
     let dir = tempfile::tempdir().unwrap();
     let inventory = inventory_file(dir.path(), INVENTORY);
-    let old = plugin()
-        .args([
-            "run",
-            "--skip-node-register",
-            "--register-interval",
-            "0",
-            "--inventory",
-        ])
-        .arg(&inventory)
-        .env("NODE_NAME", "node-a")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&old.stderr);
+    // `--register-interval 0` stops `run` right after the node name was taken.
+    let run_with = |name: &str| {
+        let out = plugin()
+            .args([
+                "run",
+                "--skip-node-register",
+                "--register-interval",
+                "0",
+                "--inventory",
+            ])
+            .arg(&inventory)
+            .env(name, "node-a")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = run_with("NODE_NAME");
     // The node name was taken (the run got as far as checking the interval) ...
     assert!(stderr.contains("--register-interval=0"), "{stderr}");
     // ... and the old name was reported.
@@ -454,19 +458,7 @@ fn old_environment_names_work_with_a_deprecation_notice() {
         stderr.contains("NODE_NAME is deprecated: use HAMI_NODE_NAME"),
         "{stderr}"
     );
-    let new = plugin()
-        .args([
-            "run",
-            "--skip-node-register",
-            "--register-interval",
-            "0",
-            "--inventory",
-        ])
-        .arg(&inventory)
-        .env("HAMI_NODE_NAME", "node-a")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&new.stderr);
+    let stderr = run_with("HAMI_NODE_NAME");
     assert!(stderr.contains("--register-interval=0"), "{stderr}");
     assert!(!stderr.contains("deprecated"), "{stderr}");
 }

@@ -100,19 +100,24 @@ pub enum Exposition {
 /// ([`process::ProcessCollector`], unprefixed, as every Prometheus client library names them).
 #[must_use]
 pub fn encode(registry: &Registry, format: Exposition) -> String {
-    let mut process = Registry::default();
-    process.register_collector(Box::new(process::ProcessCollector));
+    // Unprefixed, and built once: the collector reads `/proc/self` at each encoding.
+    static PROCESS: std::sync::LazyLock<Registry> = std::sync::LazyLock::new(|| {
+        let mut process = Registry::default();
+        process.register_collector(Box::new(process::ProcessCollector));
+        process
+    });
+    let process = &*PROCESS;
     let mut out = String::with_capacity(8192);
     // Writing into a String cannot fail.
     match format {
         Exposition::OpenMetrics => {
             let _ = prometheus_client::encoding::text::encode_registry(&mut out, registry);
-            let _ = prometheus_client::encoding::text::encode_registry(&mut out, &process);
+            let _ = prometheus_client::encoding::text::encode_registry(&mut out, process);
             let _ = prometheus_client::encoding::text::encode_eof(&mut out);
         }
         Exposition::Prometheus => {
             let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
-            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &process);
+            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, process);
         }
     }
     out

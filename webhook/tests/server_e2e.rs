@@ -4,15 +4,13 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use hami_webhook::dev::{DevCerts, generate_localhost};
-use hami_webhook::server::{CertSource, run};
 use hami_webhook::settings::Settings;
-use hami_webhook::vram::{KaiMetrics, VramSource};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
@@ -20,12 +18,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 mod support;
-use support::{Body, DEADLINE, Server, client_config, full, install_provider, start_in};
+use support::{Body, DEADLINE, Server, client_config, full, install_provider, spawn_in, start_in};
 
 const PLAIN_POD: &str = include_str!("fixtures/plain-pod.json");
 const HAMI_POD: &str = include_str!("fixtures/hami-pod.json");
@@ -528,37 +525,10 @@ async fn graceful_shutdown_finishes_in_flight_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn not_ready_until_a_certificate_loads() {
-    install_provider();
     let dir = tempfile::tempdir().unwrap();
     let mut settings = Settings::default();
     settings.server.cert_reload_interval_seconds = 1;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let ops = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = Server {
-        addr: listener.local_addr().unwrap(),
-        ops: ops.local_addr().unwrap(),
-        dir,
-        stop: None,
-        task: tokio::spawn(async {}),
-    };
-    let cert: PathBuf = server.dir.path().join("tls.crt");
-    let key: PathBuf = server.dir.path().join("tls.key");
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        run(
-            Arc::new(settings),
-            VramSource::None,
-            KaiMetrics::default(),
-            listener,
-            ops,
-            CertSource::Files { cert, key },
-            async move {
-                let _ = stopped.await;
-            },
-        )
-        .await
-        .unwrap();
-    });
+    let server = spawn_in(dir, settings).await;
     let body = server
         .wait_for(|s, _| s == StatusCode::SERVICE_UNAVAILABLE, "/readyz")
         .await;
@@ -571,6 +541,5 @@ async fn not_ready_until_a_certificate_loads() {
         .await
         .unwrap();
     assert_eq!(conn.review(PLAIN_POD).await["response"]["allowed"], true);
-    let _ = stop.send(());
-    tokio::time::timeout(DEADLINE, task).await.unwrap().unwrap();
+    server.stop().await;
 }

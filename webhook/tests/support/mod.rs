@@ -105,6 +105,13 @@ pub struct Server {
 /// Serves `settings` on loopback port 0 with the certificate files `dir/tls.crt`, `dir/tls.key`
 /// (no VRAM basis); returns once `/readyz` answers 200.
 pub async fn start_in(dir: tempfile::TempDir, settings: Settings) -> Server {
+    let server = spawn_in(dir, settings).await;
+    wait_for(server.ops, "/readyz", |s, _| s == StatusCode::OK).await;
+    server
+}
+
+/// [`start_in`] without waiting for readiness (the files may not exist yet).
+pub async fn spawn_in(dir: tempfile::TempDir, settings: Settings) -> Server {
     install_provider();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let ops = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -129,15 +136,13 @@ pub async fn start_in(dir: tempfile::TempDir, settings: Settings) -> Server {
         .await
         .unwrap();
     });
-    let server = Server {
+    Server {
         addr,
         ops: ops_addr,
         dir,
         stop: Some(stop),
         task,
-    };
-    wait_for(server.ops, "/readyz", |s, _| s == StatusCode::OK).await;
-    server
+    }
 }
 
 impl Server {
