@@ -1,0 +1,945 @@
+//! The chart and both programs against a **real** control plane: etcd, kube-apiserver (default
+//! admission plugins: MutatingAdmissionWebhook runs as in a real cluster), kube-controller-manager
+//! and kube-scheduler, built from source by `scripts/k8s-build` and started by `scripts/cluster`.
+//!
+//! One cluster serves every case (starting one costs ~15 s on two cores); the cases run in order
+//! and the cluster is stopped, by PID, whatever happens: a failing case, a panic, or a failing
+//! setup. `harness = false` gives this file its own `main` for that.
+//!
+//! The webhook runs as a process on this host (no kubelet yet): the chart is installed by real
+//! Helm, and the chart's own `service` clientConfig reaches it through a hand-written EndpointSlice
+//! of the chart's Service with this host's address (the API server runs with
+//! `--enable-aggregator-routing`, so it dials an endpoint of the Service, not its ClusterIP).
+//! The webhook runs with the chart's ConfigMap as its settings file, certgen's Secret as its
+//! certificate, and its ServiceAccount's token (not the admin's) for the node watch.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, clippy::print_stderr)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::TcpListener;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const NS: &str = "hami-system";
+const RELEASE: &str = "hl";
+const PREFIX: &str = "hl-hami-limits";
+const TENANT: &str = "tenant";
+/// Pods here are created with the offline mutation already applied; the namespace label keeps
+/// the webhook away (the chart's namespaceSelector).
+const OFFLINE: &str = "tenant-offline";
+const WEBHOOK: &str = "mutate.hami-limits.hami.io";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The workspace's built binaries (`cargo test --workspace --all-targets` builds them first).
+fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is not built: run `cargo build --bins` (scripts/test-all builds every target)",
+        path.display()
+    );
+    path
+}
+
+fn python() -> String {
+    let local = repo().join(".tools/py/bin/python");
+    std::env::var("HAMI_CHART_PYTHON").unwrap_or_else(|_| {
+        if local.is_file() {
+            local.display().to_string()
+        } else {
+            "python3".to_owned()
+        }
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The control plane and what the tests started into it.
+struct Cluster {
+    dir: PathBuf,
+    bin: PathBuf,
+    work: tempfile::TempDir,
+    host_ip: String,
+    webhook: Option<Child>,
+    webhook_port: u16,
+    metrics_port: u16,
+}
+
+impl Cluster {
+    fn up(dir: PathBuf) -> Result<Self, String> {
+        let out = Command::new(repo().join("scripts/cluster"))
+            .arg("up")
+            .env("HAMI_CLUSTER_DIR", &dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run scripts/cluster: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("scripts/cluster up failed:\n{}{}", text(&out.stdout), text(&out.stderr)));
+        }
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_owned());
+        let bin = PathBuf::from(read("bin").map_err(|e| e.to_string())?);
+        let host_ip = read("host-ip").map_err(|e| e.to_string())?;
+        Ok(Self {
+            dir,
+            bin,
+            work: tempfile::tempdir().map_err(|e| e.to_string())?,
+            host_ip,
+            webhook: None,
+            webhook_port: free_port(),
+            metrics_port: free_port(),
+        })
+    }
+
+    fn admin(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// kubectl (the one built with the cluster) as the admin.
+    fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        self.kubectl_as(&self.admin(), args, stdin)
+    }
+
+    fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(self.bin.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(input) = stdin {
+            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        }
+        drop(child.stdin.take());
+        child.wait_with_output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.kubectl(args, stdin);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed:\n{}{}",
+            args.join(" "),
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    }
+
+    fn get(&self, kind: &str, ns: Option<&str>, name: &str) -> Value {
+        let mut args = vec!["get", kind, name, "-o", "json"];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        serde_json::from_str(&self.ok(&args, None)).unwrap()
+    }
+
+    fn exists(&self, kind: &str, ns: Option<&str>, name: &str) -> bool {
+        let mut args = vec!["get", kind, name, "--ignore-not-found", "-o", "name"];
+        if let Some(ns) = ns {
+            args.extend(["-n", ns]);
+        }
+        !self.ok(&args, None).trim().is_empty()
+    }
+
+    fn apply(&self, object: &Value) {
+        self.ok(&["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&object.to_string()));
+    }
+
+    /// A kubeconfig that authenticates as a ServiceAccount with a token from the TokenRequest API:
+    /// what a pod of that ServiceAccount gets mounted.
+    fn service_account_kubeconfig(&self, ns: &str, sa: &str) -> PathBuf {
+        let token = self.ok(&["create", "token", sa, "-n", ns, "--duration", "2h"], None);
+        let server = format!(
+            "https://127.0.0.1:{}",
+            std::fs::read_to_string(self.dir.join("apiserver-port")).unwrap().trim()
+        );
+        let path = self.work.path().join(format!("{ns}-{sa}.kubeconfig"));
+        let config = json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": self.dir.join("pki/ca.crt")}}],
+            "users": [{"name": sa, "user": {"token": token.trim()}}],
+            "contexts": [{"name": "c", "context": {"cluster": "c", "user": sa, "namespace": ns}}],
+            "current-context": "c",
+        });
+        std::fs::write(&path, config.to_string()).unwrap();
+        path
+    }
+
+    fn helm(&self, action: &str, arg: Option<&str>) -> Value {
+        let mut cmd = Command::new(python());
+        cmd.arg(repo().join("charts/tests/helm_live.py"))
+            .arg(self.admin())
+            .arg(action)
+            .arg(RELEASE)
+            .arg(NS);
+        if let Some(a) = arg {
+            cmd.arg(a);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "helm {action} failed:\n{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    /// What Helm's hook executor does for PHASE, with the Jobs run on this host instead of a node:
+    /// hook resources in weight order; a Job's container runs here with its ServiceAccount's token,
+    /// its command line as the chart renders it; `hook-succeeded` resources are deleted after.
+    fn run_hooks(&self, release: &Value, phase: &str) {
+        let mut hooks: Vec<(i64, String, Value)> = Vec::new();
+        for hook in release["hooks"].as_array().into_iter().flatten() {
+            let events: Vec<&str> = hook["events"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            if !events.contains(&phase) {
+                continue;
+            }
+            let manifest: Value = serde_yaml_ng::from_str(hook["manifest"].as_str().unwrap()).unwrap();
+            let weight = hook["weight"].as_i64().unwrap_or(0);
+            hooks.push((weight, hook["name"].as_str().unwrap_or_default().to_owned(), manifest));
+        }
+        assert!(!hooks.is_empty() || phase == "pre-delete", "the release has no {phase} hooks: {}", release["hooks"]);
+        hooks.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        for (_, _, manifest) in &hooks {
+            if manifest["kind"] == "Job" {
+                self.run_job_here(manifest);
+            } else {
+                self.apply(manifest);
+            }
+        }
+        for (_, _, manifest) in &hooks {
+            let policy = manifest["metadata"]["annotations"]["helm.sh/hook-delete-policy"].as_str().unwrap_or_default();
+            if policy.contains("hook-succeeded") && manifest["kind"] != "Job" {
+                let kind = manifest["kind"].as_str().unwrap();
+                let name = manifest["metadata"]["name"].as_str().unwrap();
+                let mut args = vec!["delete", kind, name, "--ignore-not-found", "--wait=false"];
+                let ns = manifest["metadata"]["namespace"].as_str();
+                if let Some(ns) = ns {
+                    args.extend(["-n", ns]);
+                }
+                self.ok(&args, None);
+            }
+        }
+    }
+
+    fn run_job_here(&self, job: &Value) {
+        let spec = &job["spec"]["template"]["spec"];
+        let sa = spec["serviceAccountName"].as_str().unwrap();
+        let ns = job["metadata"]["namespace"].as_str().unwrap();
+        let kubeconfig = self.service_account_kubeconfig(ns, sa);
+        let containers = spec["initContainers"].as_array().into_iter().flatten().chain(spec["containers"].as_array().unwrap());
+        for container in containers {
+            let image = container["image"].as_str().unwrap();
+            assert!(image.contains("certgen") || image.contains("hami-limits"), "hook Job runs an unexpected image {image}");
+            let args: Vec<String> = container["args"].as_array().into_iter().flatten().map(|a| a.as_str().unwrap().to_owned()).collect();
+            let mut cmd = Command::new(binary("hami-certgen"));
+            cmd.args(&args).env("KUBECONFIG", &kubeconfig).env_remove("HAMI_LOG_FORMAT");
+            for env in container["env"].as_array().into_iter().flatten() {
+                if let Some(v) = env["value"].as_str() {
+                    cmd.env(env["name"].as_str().unwrap(), v);
+                }
+            }
+            let out = cmd.output().unwrap();
+            assert!(
+                out.status.success(),
+                "hook Job {} container {} (hami-certgen {}) failed:\n{}{}",
+                job["metadata"]["name"],
+                container["name"],
+                args.join(" "),
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
+    }
+
+    /// Start the webhook as its Deployment would run it: the chart's ConfigMap as settings, the
+    /// Secret certgen made as certificate, the chart's ServiceAccount for the API.
+    fn start_webhook(&mut self) {
+        self.stop_webhook();
+        let cm = self.get("configmap", Some(NS), &format!("{PREFIX}-webhook"));
+        let config = self.work.path().join("webhook.yaml");
+        std::fs::write(&config, cm["data"]["webhook.yaml"].as_str().unwrap()).unwrap();
+        let secret = self.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"));
+        for key in ["tls.crt", "tls.key"] {
+            let b64 = secret["data"][key].as_str().unwrap();
+            let out = Command::new("base64").arg("-d").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+            let mut out = out;
+            out.stdin.take().unwrap().write_all(b64.as_bytes()).unwrap();
+            let bytes = out.wait_with_output().unwrap().stdout;
+            std::fs::write(self.work.path().join(key), bytes).unwrap();
+        }
+        let kubeconfig = self.service_account_kubeconfig(NS, &format!("{PREFIX}-webhook"));
+        let log = std::fs::File::create(self.dir.join("logs/hami-webhook.log")).unwrap();
+        let child = Command::new(binary("hami-webhook"))
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .arg("--listen")
+            .arg(format!("{}:{}", self.host_ip, self.webhook_port))
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{}", self.metrics_port))
+            .arg("--tls-cert")
+            .arg(self.work.path().join("tls.crt"))
+            .arg("--tls-key")
+            .arg(self.work.path().join("tls.key"))
+            .env("KUBECONFIG", kubeconfig)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        // `scripts/cluster down` stops it too, should this process die first.
+        std::fs::write(self.dir.join("pids/hami-webhook"), child.id().to_string()).unwrap();
+        self.webhook = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.http_get("/readyz").map(|(code, _)| code) != Some(200) {
+            assert!(Instant::now() < deadline, "the webhook was not ready in 30 s; log: {}", self.webhook_log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop_webhook(&mut self) {
+        if let Some(mut child) = self.webhook.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_file(self.dir.join("pids/hami-webhook"));
+        }
+    }
+
+    fn webhook_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("logs/hami-webhook.log")).unwrap_or_default()
+    }
+
+    fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+            .arg(format!("http://127.0.0.1:{}{path}", self.metrics_port))
+            .output()
+            .ok()?;
+        let body = text(&out.stdout);
+        let (body, code) = body.rsplit_once('\n')?;
+        Some((code.trim().parse().ok()?, body.to_owned()))
+    }
+
+    /// The webhook's `hami_webhook_admission_requests_total`, summed over outcomes.
+    fn reviews(&self) -> u64 {
+        let (_, body) = self.http_get("/metrics").unwrap();
+        body.lines()
+            .filter(|l| l.starts_with("hami_webhook_admission_requests_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
+    }
+
+    /// The chart's Service, pointed at the webhook on this host by an EndpointSlice of our own.
+    fn point_service_here(&self) {
+        let svc = self.get("service", Some(NS), &format!("{PREFIX}-webhook"));
+        let port = svc["spec"]["ports"].as_array().unwrap().iter().find(|p| p["port"] == 443).unwrap();
+        self.apply(&json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {
+                "name": format!("{PREFIX}-webhook-host"), "namespace": NS,
+                "labels": {
+                    "kubernetes.io/service-name": format!("{PREFIX}-webhook"),
+                    "endpointslice.kubernetes.io/managed-by": "hami-limits-tests",
+                },
+            },
+            "addressType": "IPv4",
+            "ports": [{"name": port["name"], "port": self.webhook_port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": [self.host_ip], "conditions": {"ready": true}}],
+        }));
+    }
+
+    /// Create a pod through the API server; the stored pod, or kubectl's output when refused.
+    fn create_pod(&self, ns: &str, pod: &Value) -> Result<(Value, String), String> {
+        let out = self.kubectl(&["create", "-n", ns, "-o", "json", "-f", "-"], Some(&pod.to_string()));
+        if out.status.success() {
+            Ok((serde_json::from_slice(&out.stdout).unwrap(), text(&out.stderr)))
+        } else {
+            Err(text(&out.stderr))
+        }
+    }
+
+    /// What `hami-webhook mutate` prints for the pod, with the chart's settings file.
+    fn offline(&self, pod: &Value, extra: &[&str]) -> Result<(Value, String), String> {
+        let file = self.work.path().join("offline-pod.json");
+        std::fs::write(&file, pod.to_string()).unwrap();
+        let out = Command::new(binary("hami-webhook"))
+            .arg("mutate")
+            .arg("-f")
+            .arg(&file)
+            .arg("--config")
+            .arg(self.work.path().join("webhook.yaml"))
+            .args(extra)
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok((serde_yaml_ng::from_slice(&out.stdout).unwrap(), text(&out.stderr)))
+        } else {
+            Err(text(&out.stderr))
+        }
+    }
+
+    /// The pod through the real API server and webhook, and the same pod mutated offline then
+    /// stored where no webhook runs: the two stored pods must be equal (up to what the API server
+    /// makes unique per object). Returns the online stored pod.
+    fn online_equals_offline(&self, pod: &Value, extra: &[&str]) -> Value {
+        let (online, _) = self.create_pod(TENANT, pod).unwrap_or_else(|e| panic!("pod refused online: {e}"));
+        let (mut mutated, _) = self.offline(pod, extra).unwrap_or_else(|e| panic!("hami-webhook mutate refused it: {e}"));
+        mutated["metadata"]["namespace"] = json!(OFFLINE);
+        let (offline, _) = self.create_pod(OFFLINE, &mutated).unwrap_or_else(|e| panic!("offline-mutated pod refused by the API server: {e}"));
+        let (a, b) = (comparable(&online), comparable(&offline));
+        assert_eq!(
+            a,
+            b,
+            "stored pod (online) differs from `hami-webhook mutate` (offline):\nonline:  {}\noffline: {}",
+            serde_json::to_string_pretty(&a).unwrap(),
+            serde_json::to_string_pretty(&b).unwrap()
+        );
+        online
+    }
+
+    fn down(mut self) -> bool {
+        self.stop_webhook();
+        let status = Command::new(repo().join("scripts/cluster"))
+            .arg("down")
+            .env("HAMI_CLUSTER_DIR", &self.dir)
+            .status();
+        status.map(|s| s.success()).unwrap_or(false)
+    }
+}
+
+/// The parts of a stored pod a mutation decides: labels, annotations and spec, with the
+/// service-account token volume's random name made fixed.
+fn comparable(pod: &Value) -> Value {
+    let mut spec = pod["spec"].clone();
+    let token_volume = spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .find(|n| n.starts_with("kube-api-access-"))
+        .map(str::to_owned);
+    if let Some(token_volume) = token_volume {
+        let fixed = Value::String("kube-api-access".into());
+        for v in spec["volumes"].as_array_mut().unwrap() {
+            if v["name"] == token_volume.as_str() {
+                v["name"] = fixed.clone();
+            }
+        }
+        for list in ["containers", "initContainers"] {
+            for c in spec[list].as_array_mut().into_iter().flatten() {
+                for m in c["volumeMounts"].as_array_mut().into_iter().flatten() {
+                    if m["name"] == token_volume.as_str() {
+                        m["name"] = fixed.clone();
+                    }
+                }
+            }
+        }
+    }
+    json!({
+        "name": pod["metadata"]["name"],
+        "labels": pod["metadata"]["labels"],
+        "annotations": pod["metadata"]["annotations"],
+        "spec": spec,
+    })
+}
+
+fn pod(name: &str, annotations: Value, containers: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"containers": containers},
+    })
+}
+
+fn container(name: &str, limits: Value) -> Value {
+    json!({"name": name, "image": "localhost/hami-limits/workload:test", "command": ["sleep", "infinity"], "resources": {"limits": limits}})
+}
+
+fn kai_pod(name: &str, annotations: Value) -> Value {
+    let mut p = pod(name, annotations, json!([{"name": "cuda", "image": "localhost/hami-limits/workload:test", "command": ["sleep", "infinity"]}]));
+    p["spec"]["schedulerName"] = json!("kai-scheduler");
+    p["metadata"]["labels"] = json!({"kai.scheduler/queue": "default"});
+    p
+}
+
+fn env_of(pod: &Value, container: usize) -> BTreeMap<String, String> {
+    pod["spec"]["containers"][container]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str().unwrap_or_default().to_owned())))
+        .collect()
+}
+
+fn all_text(pod: &Value) -> String {
+    pod.to_string()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases, in order (later ones build on what earlier ones installed).
+
+fn install(c: &mut Cluster) {
+    let release = c.helm("install", Some(&operator_values(false, "Fail").to_string()));
+    assert_eq!(release["version"], 1, "{release}");
+    // pre-install: certgen's RBAC and `hami-certgen create`; then the chart; then post-install:
+    // `hami-certgen patch` writes the caBundle.
+    c.run_hooks(&release, "pre-install");
+    c.run_hooks(&release, "post-install");
+    let mwc = c.get("mutatingwebhookconfiguration", None, &format!("{PREFIX}-webhook"));
+    let ca = c.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"))["data"]["ca.crt"].clone();
+    for w in mwc["webhooks"].as_array().unwrap() {
+        assert_eq!(w["clientConfig"]["caBundle"], ca, "caBundle of {} after install", w["name"]);
+        assert!(w["clientConfig"]["service"].is_object(), "the chart's own service form: {}", w["clientConfig"]);
+        assert!(
+            w["matchConditions"].as_array().is_some_and(|m| !m.is_empty()),
+            "the API server kept the CEL matchConditions: {w}"
+        );
+    }
+    for (ns, labels) in [(TENANT, json!({})), (OFFLINE, json!({"hami.io/webhook": "ignore"}))] {
+        c.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}));
+        wait_for(&format!("the default ServiceAccount of {ns}"), Duration::from_secs(30), || {
+            c.exists("serviceaccount", Some(ns), "default")
+        });
+    }
+    c.point_service_here();
+    c.start_webhook();
+    // The API server reaches it through the Service: a HAMi pod is reviewed.
+    let before = c.reviews();
+    wait_for("a review through the chart's Service", Duration::from_secs(30), || {
+        let probe = pod("probe", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
+        let out = c.kubectl(&["create", "-n", TENANT, "--dry-run=server", "-o", "json", "-f", "-"], Some(&probe.to_string()));
+        out.status.success() && c.reviews() > before
+    });
+}
+
+/// Values an operator sets: HAMi's defaults, a KAI scheduler, GPU nodes only for the plugin.
+fn operator_values(overwrite_env: bool, failure_policy: &str) -> Value {
+    json!({
+        "deviceConfig": {"nvidia": {"gpuCorePolicy": if overwrite_env { "force" } else { "default" }, "overwriteEnv": overwrite_env}},
+        "webhook": {"failurePolicy": failure_policy, "kai": {"schedulerNames": ["kai-scheduler"]}},
+        "devicePlugin": {"nodeSelector": {"gpu": "on"}},
+    })
+}
+
+fn hami_pods(c: &mut Cluster) {
+    let p = c.online_equals_offline(
+        &pod("hami-basic", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}))])),
+        &[],
+    );
+    assert_eq!(p["spec"]["schedulerName"], "hami-scheduler", "{}", all_text(&p));
+    let p = c.online_equals_offline(
+        &pod("hami-priority", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1, "nvidia.com/priority": 0}))])),
+        &[],
+    );
+    assert_eq!(env_of(&p, 0).get("CUDA_TASK_PRIORITY").map(String::as_str), Some("0"), "{}", all_text(&p));
+    // defaultGPUNum: memory alone gets one GPU added.
+    let p = c.online_equals_offline(&pod("hami-default-num", json!({}), json!([container("cuda", json!({"nvidia.com/gpumem": 2000}))])), &[]);
+    assert_eq!(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "1", "{}", all_text(&p));
+}
+
+fn hami_settings_after_upgrade(c: &mut Cluster) {
+    // helm upgrade with the core policy forced and overwriteEnv on; the Deployment would roll (its
+    // config checksum changes): the host webhook restarts with the new ConfigMap.
+    let release = c.helm("upgrade", Some(&operator_values(true, "Fail").to_string()));
+    assert_eq!(release["version"], 2, "{release}");
+    c.run_hooks(&release, "pre-upgrade");
+    c.run_hooks(&release, "post-upgrade");
+    c.start_webhook();
+    let p = c.online_equals_offline(
+        &pod(
+            "hami-policy",
+            json!({}),
+            json!([
+                container("cuda", json!({"nvidia.com/gpu": 1})),
+                {"name": "sidecar", "image": "localhost/hami-limits/workload:test", "command": ["sleep", "infinity"]}
+            ]),
+        ),
+        &[],
+    );
+    assert_eq!(env_of(&p, 0).get("GPU_CORE_UTILIZATION_POLICY").map(String::as_str), Some("force"), "{}", all_text(&p));
+    assert_eq!(env_of(&p, 1).get("NVIDIA_VISIBLE_DEVICES").map(String::as_str), Some("none"), "{}", all_text(&p));
+}
+
+fn kai_gpu_memory(c: &mut Cluster) {
+    let p = c.online_equals_offline(&kai_pod("kai-memory", json!({"gpu-memory": "3000"})), &[]);
+    assert!(all_text(&p).contains("3000m"), "no 3000m cap in {}", all_text(&p));
+}
+
+fn kai_gpu_fraction_basis_from_real_nodes(c: &mut Cluster) {
+    let nodes = |a: &str, b: &str| {
+        json!([
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a", "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.memory": a, "nvidia.com/gpu.count": "8"}}},
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-b", "labels": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.memory": b, "nvidia.com/gpu.count": "8"}}},
+        ])
+    };
+    let mut round = 0;
+    for (a, b, smallest) in [("143771", "81559", 81559_u64), ("143771", "143771", 143771)] {
+        round += 1;
+        for n in nodes(a, b).as_array().unwrap() {
+            c.apply(n);
+        }
+        let want = format!("{}m", smallest / 2);
+        let fraction = kai_pod("probe", json!({"gpu-fraction": "0.5"}));
+        // The webhook learns the basis from its watch of the real API server.
+        wait_for(&format!("the webhook's node watch to see {smallest} MiB"), Duration::from_secs(30), || {
+            let out = c.kubectl(&["create", "-n", TENANT, "--dry-run=server", "-o", "json", "-f", "-"], Some(&fraction.to_string()));
+            out.status.success() && text(&out.stdout).contains(&want)
+        });
+        let list = c.ok(&["get", "nodes", "-o", "yaml"], None);
+        let nodes_file = c.work.path().join("nodes.yaml");
+        std::fs::write(&nodes_file, list).unwrap();
+        let p = c.online_equals_offline(&kai_pod(&format!("kai-fraction-{round}"), json!({"gpu-fraction": "0.5"})), &["--nodes", nodes_file.to_str().unwrap()]);
+        assert!(all_text(&p).contains(&want), "no {want} cap in {}", all_text(&p));
+    }
+}
+
+fn denials_as_kubectl_prints_them(c: &mut Cluster) {
+    let cases = [
+        (
+            kai_pod("bad-delivery", json!({"gpu-memory": "3000", "hami.io/limit-delivery": "carrier-pigeon"})),
+            "hami.io/limit-delivery",
+        ),
+        (kai_pod("bad-quantity", json!({"gpu-memory": "lots"})), "gpu-memory"),
+        (
+            {
+                let mut p = pod("shadow", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
+                p["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
+                p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
+                p
+            },
+            "/overrideEnv",
+        ),
+    ];
+    for (p, field) in cases {
+        let name = p["metadata"]["name"].as_str().unwrap().to_owned();
+        let err = c.create_pod(TENANT, &p).map(|_| ()).expect_err(&format!("{name} was admitted"));
+        assert!(
+            err.contains(&format!("admission webhook \"{WEBHOOK}\" denied the request")),
+            "{name}: not denied by the webhook: {err}"
+        );
+        assert!(err.contains(field), "{name}: the denial does not name {field}: {err}");
+        let offline = c.offline(&p, &[]).map(|_| ()).expect_err(&format!("{name}: mutate admitted it"));
+        let message = err.rsplit("denied the request: ").next().unwrap().trim();
+        assert!(offline.contains(message), "{name}: offline says {offline:?}, online {message:?}");
+    }
+}
+
+fn warnings_reach_the_client(c: &mut Cluster) {
+    // No node has labels for this selector: a gpu-fraction pod without a basis gets a warning.
+    let mut p = kai_pod("no-basis", json!({"gpu-fraction": "0.25"}));
+    p["spec"]["nodeSelector"] = json!({"pool": "nowhere"});
+    let (offline, offline_warnings) = c.offline(&p, &["--nodes", c.work.path().join("nodes.yaml").to_str().unwrap()]).expect("mutate");
+    let _ = offline;
+    let warning = offline_warnings.lines().find(|l| l.contains("arning")).unwrap_or_default().to_owned();
+    match c.create_pod(TENANT, &p) {
+        Ok((_, stderr)) => {
+            assert!(!warning.is_empty(), "offline gave no warning for a pod without a basis; online printed {stderr:?}");
+            assert!(stderr.contains("Warning:"), "kubectl printed no warning: {stderr:?}");
+        }
+        Err(err) => assert!(err.contains(WEBHOOK), "refused, but not by the webhook: {err}"),
+    }
+}
+
+fn update_of_limits_key_denied(c: &mut Cluster) {
+    let stored = c.get("pod", Some(TENANT), "kai-memory");
+    let key = stored["metadata"]["annotations"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .find(|k| k.starts_with("limits.hami.io/"))
+        .cloned()
+        .unwrap_or_else(|| "limits.hami.io/cuda".to_owned());
+    let out = c.kubectl(&["annotate", "pod", "kai-memory", "-n", TENANT, "--overwrite", &format!("{key}=CUDA_DEVICE_MEMORY_LIMIT=99999m")], None);
+    assert!(!out.status.success(), "changing {key} was allowed");
+    let err = text(&out.stderr);
+    assert!(err.contains(&format!("admission webhook \"update.hami-limits.hami.io\" denied the request")), "{err}");
+    assert!(err.contains(&key), "the denial does not name {key}: {err}");
+    // Other annotations of the same pod may change.
+    c.ok(&["annotate", "pod", "kai-memory", "-n", TENANT, "owner=team-a"], None);
+}
+
+fn cel_excludes_plain_pods(c: &mut Cluster) {
+    let before = c.reviews();
+    for i in 0..5 {
+        let p = pod(&format!("plain-{i}"), json!({}), json!([{"name": "app", "image": "localhost/hami-limits/workload:test", "resources": {"limits": {"cpu": "1"}}}]));
+        c.create_pod(TENANT, &p).unwrap();
+        c.ok(&["annotate", "pod", &format!("plain-{i}"), "-n", TENANT, "touched=yes"], None);
+    }
+    assert_eq!(c.reviews(), before, "pods the CEL matchConditions exclude reached the webhook");
+    // A GPU pod does reach it.
+    c.create_pod(TENANT, &pod("gpu-counted", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]))).unwrap();
+    assert_eq!(c.reviews(), before + 1);
+}
+
+fn edge_pods_never_made_invalid(c: &mut Cluster) {
+    let long = "c".repeat(63);
+    let many: Vec<Value> = (0..150).map(|i| container(&format!("gpu-{i}"), json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))).collect();
+    let mut ours_volume = pod("ours-volume", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
+    let mut kai_volume = kai_pod("kai-ours-volume", json!({"gpu-memory": "2000"}));
+    let mut kai_env = kai_pod("kai-ours-env", json!({"gpu-memory": "2000"}));
+    kai_env["spec"]["containers"][0]["env"] = json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1m"}, {"name": "LD_PRELOAD", "value": "/x.so"}]);
+    let mut kai_mount = kai_pod("kai-ours-mount", json!({"gpu-memory": "2000"}));
+    // Names and paths the webhook adds for KAI pods, taken from what it adds to a plain KAI pod.
+    let reference = c.get("pod", Some(TENANT), "kai-memory");
+    let added_volumes: Vec<String> = reference["spec"]["volumes"].as_array().into_iter().flatten().filter_map(|v| v["name"].as_str()).filter(|n| !n.starts_with("kube-api-access")).map(str::to_owned).collect();
+    let added_mounts: Vec<String> = reference["spec"]["containers"][0]["volumeMounts"].as_array().into_iter().flatten().filter_map(|m| m["mountPath"].as_str()).filter(|p| !p.starts_with("/var/run/secrets")).map(str::to_owned).collect();
+    assert!(!added_volumes.is_empty() && !added_mounts.is_empty(), "the KAI pod got no volumes: {reference}");
+    kai_volume["spec"]["volumes"] = json!([{"name": added_volumes[0], "emptyDir": {}}]);
+    ours_volume["spec"]["volumes"] = json!([{"name": added_volumes[0], "emptyDir": {}}]);
+    kai_mount["spec"]["volumes"] = json!([{"name": "user", "emptyDir": {}}]);
+    kai_mount["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "user", "mountPath": added_mounts[0]}]);
+    let cases = vec![
+        pod("long-name", json!({}), json!([container(&long, json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))])),
+        {
+            let mut p = kai_pod("kai-long-name", json!({"gpu-memory": "2000"}));
+            p["spec"]["containers"][0]["name"] = json!(long);
+            p
+        },
+        pod("many-containers", json!({}), Value::Array(many)),
+        ours_volume,
+        kai_volume,
+        kai_env,
+        kai_mount,
+    ];
+    for p in cases {
+        let name = p["metadata"]["name"].as_str().unwrap().to_owned();
+        match c.create_pod(TENANT, &p) {
+            Ok(_) => {}
+            Err(err) => {
+                assert!(
+                    err.contains("admission webhook") && err.contains("denied the request"),
+                    "{name}: refused by the API server after our patch, not by the webhook:\n{err}"
+                );
+                assert!(!err.contains(" is invalid: "), "{name}: {err}");
+            }
+        }
+    }
+}
+
+fn rbac_as_shipped(c: &mut Cluster) {
+    // The webhook's own token: nodes yes (its watch works, see the fraction case), pods and
+    // secrets no.
+    let webhook = c.service_account_kubeconfig(NS, &format!("{PREFIX}-webhook"));
+    let ok = c.kubectl_as(&webhook, &["get", "nodes", "-o", "name"], None);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    for args in [["get", "pods", "-A"], ["get", "secrets", "-A"]] {
+        let out = c.kubectl_as(&webhook, &args, None);
+        assert!(!out.status.success(), "the webhook's ServiceAccount may {}", args.join(" "));
+        assert!(text(&out.stderr).contains("Forbidden") || text(&out.stderr).contains("forbidden"), "{}", text(&out.stderr));
+    }
+    let out = c.kubectl_as(&webhook, &["label", "node", "gpu-a", "x=y"], None);
+    assert!(!out.status.success(), "the webhook's ServiceAccount may label nodes");
+    // The device plugin's: every call it makes is allowed (checked with can-i), others refused.
+    let dp = c.service_account_kubeconfig(NS, &format!("{PREFIX}-device-plugin"));
+    for (verb, resource) in [("get", "pods"), ("list", "pods"), ("watch", "pods"), ("patch", "pods"), ("get", "nodes"), ("patch", "nodes"), ("create", "events.events.k8s.io")] {
+        let out = c.kubectl_as(&dp, &["auth", "can-i", verb, resource, "-A"], None);
+        assert_eq!(text(&out.stdout).trim(), "yes", "the device plugin's ServiceAccount may not {verb} {resource}: {}", text(&out.stderr));
+    }
+    for (verb, resource) in [("get", "secrets"), ("delete", "pods"), ("create", "pods"), ("delete", "nodes")] {
+        let out = c.kubectl_as(&dp, &["auth", "can-i", verb, resource, "-A"], None);
+        assert_eq!(text(&out.stdout).trim(), "no", "the device plugin's ServiceAccount may {verb} {resource}");
+    }
+    let out = c.kubectl_as(&dp, &["get", "secrets", "-n", NS], None);
+    assert!(!out.status.success() && text(&out.stderr).contains("forbidden"), "{}", text(&out.stderr));
+}
+
+/// failurePolicy as measured: with the webhook stopped, what a KAI pod, a HAMi pod and a plain pod
+/// get with the chart's default (Fail) and with Ignore. Printed for the README.
+fn failure_policy(c: &mut Cluster) {
+    c.stop_webhook();
+    let kinds = |tag: &str| {
+        vec![
+            ("KAI", kai_pod(&format!("down-kai-{tag}"), json!({"gpu-memory": "3000"}))),
+            ("HAMi", pod(&format!("down-hami-{tag}"), json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]))),
+            ("plain", pod(&format!("down-plain-{tag}"), json!({}), json!([{"name": "app", "image": "localhost/hami-limits/workload:test"}]))),
+        ]
+    };
+    let measure = |tag: &str| -> Vec<(String, String, Duration)> {
+        kinds(tag)
+            .into_iter()
+            .map(|(kind, p)| {
+                let start = Instant::now();
+                let outcome = match c.create_pod(TENANT, &p) {
+                    Ok((stored, _)) => {
+                        let mutated = stored["spec"]["schedulerName"] == "hami-scheduler" || all_text(&stored).contains("CUDA_DEVICE_MEMORY_LIMIT");
+                        format!("admitted{}", if mutated { ", mutated" } else { ", not mutated" })
+                    }
+                    Err(e) => format!("refused: {}", e.trim()),
+                };
+                (kind.to_owned(), outcome, start.elapsed())
+            })
+            .collect()
+    };
+    let fail = measure("fail");
+    for (kind, outcome, took) in &fail {
+        println!("failurePolicy=Fail, webhook down: {kind} pod: {outcome} ({} ms)", took.as_millis());
+    }
+    assert!(fail[0].1.starts_with("refused") && fail[0].1.contains("failed calling webhook"), "{fail:?}");
+    assert!(fail[1].1.starts_with("refused") && fail[1].1.contains("failed calling webhook"), "{fail:?}");
+    assert_eq!(fail[2].1, "admitted, not mutated", "plain pods never reach the webhook: {fail:?}");
+
+    let release = c.helm("upgrade", Some(&operator_values(true, "Ignore").to_string()));
+    c.run_hooks(&release, "pre-upgrade");
+    c.run_hooks(&release, "post-upgrade");
+    let ignore = measure("ignore");
+    for (kind, outcome, took) in &ignore {
+        println!("failurePolicy=Ignore, webhook down: {kind} pod: {outcome} ({} ms)", took.as_millis());
+    }
+    for (kind, outcome, _) in &ignore {
+        assert_eq!(outcome, "admitted, not mutated", "{kind}: {ignore:?}");
+    }
+    c.start_webhook();
+}
+
+fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
+    let ca = c.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"))["data"]["ca.crt"].clone();
+    let history = c.helm("rollback", Some("1"));
+    let last = history.as_array().unwrap().iter().map(|r| r["version"].as_i64().unwrap()).max().unwrap();
+    assert!(last >= 4, "{history}");
+    // Helm runs the hooks of the revision rolled back to.
+    let status = c.helm("history", None);
+    assert!(status.as_array().unwrap().len() as i64 >= last);
+    let mwc = c.get("mutatingwebhookconfiguration", None, &format!("{PREFIX}-webhook"));
+    for w in mwc["webhooks"].as_array().unwrap() {
+        assert_eq!(w["clientConfig"]["caBundle"], ca, "caBundle of {} lost by the rollback (before the post-rollback hook)", w["name"]);
+        assert_eq!(w["failurePolicy"], "Fail", "the rollback restored revision 1's failurePolicy");
+    }
+    c.start_webhook();
+    c.online_equals_offline(&kai_pod("after-rollback", json!({"gpu-memory": "1500"})), &[]);
+
+    c.stop_webhook();
+    let release = c.helm("uninstall", None);
+    let _ = release;
+    for (kind, ns, name) in [
+        ("mutatingwebhookconfiguration", None, format!("{PREFIX}-webhook")),
+        ("clusterrole", None, format!("{PREFIX}-webhook")),
+        ("clusterrolebinding", None, format!("{PREFIX}-webhook")),
+        ("serviceaccount", Some(NS), format!("{PREFIX}-webhook")),
+        ("deployment", Some(NS), format!("{PREFIX}-webhook")),
+        ("daemonset", Some(NS), format!("{PREFIX}-device-plugin")),
+    ] {
+        assert!(!c.exists(kind, ns, &name), "{kind} {name} left behind by helm uninstall");
+    }
+    let left = c.ok(&["get", "clusterroles,clusterrolebindings,mutatingwebhookconfigurations", "-l", "app.kubernetes.io/instance=hl", "-o", "name"], None);
+    assert!(left.trim().is_empty(), "left behind by helm uninstall: {left}");
+    let left = c.ok(&["get", "all,secrets,configmaps,roles,rolebindings,serviceaccounts", "-n", NS, "-l", "app.kubernetes.io/instance=hl", "-o", "name"], None);
+    assert!(left.trim().is_empty(), "left behind in {NS} by helm uninstall: {left}");
+}
+
+type Case = (&'static str, fn(&mut Cluster));
+
+const CASES: &[Case] = &[
+    ("helm install, certgen hooks, caBundle, the Service reaches the host webhook", install),
+    ("HAMi pods: stored pod equals hami-webhook mutate", hami_pods),
+    ("helm upgrade: core policy and overwriteEnv reach stored pods", hami_settings_after_upgrade),
+    ("KAI gpu-memory: stored pod equals hami-webhook mutate", kai_gpu_memory),
+    ("KAI gpu-fraction: basis from real Node objects, changed through the API", kai_gpu_fraction_basis_from_real_nodes),
+    ("denials as kubectl prints them", denials_as_kubectl_prints_them),
+    ("warnings reach the client", warnings_reach_the_client),
+    ("UPDATE of a limits.hami.io key is denied", update_of_limits_key_denied),
+    ("CEL matchConditions keep plain pods away from the webhook", cel_excludes_plain_pods),
+    ("edge pods are stored valid or denied by the webhook", edge_pods_never_made_invalid),
+    ("RBAC as shipped", rbac_as_shipped),
+    ("failurePolicy measured with the webhook down", failure_policy),
+    ("helm rollback keeps the caBundle, helm uninstall leaves nothing", rollback_keeps_ca_bundle_and_uninstall_leaves_nothing),
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    // `cargo test -- --list` and filters: the cases are one ordered scenario.
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in CASES {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let dir = std::env::temp_dir().join(format!("hami-real-cluster-{}", std::process::id()));
+    let started = Instant::now();
+    let mut cluster = match Cluster::up(dir.clone()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("real_cluster: {e}");
+            let _ = Command::new(repo().join("scripts/cluster")).arg("down").env("HAMI_CLUSTER_DIR", &dir).status();
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("real_cluster: control plane up in {:.1} s ({})", started.elapsed().as_secs_f64(), cluster.bin.display());
+    let mut failed = Vec::new();
+    let mut passed = 0;
+    for (name, case) in CASES {
+        let start = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| case(&mut cluster)));
+        match result {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok ({:.1} s)", start.elapsed().as_secs_f64());
+            }
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed.push(*name);
+                if *name == CASES[0].0 {
+                    println!("real_cluster: the install failed; the other {} cases need it and did not run", CASES.len() - 1);
+                    break;
+                }
+            }
+        }
+    }
+    if !failed.is_empty() {
+        let log = cluster.webhook_log();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        eprintln!("--- hami-webhook log (last lines) ---");
+        for l in tail.iter().rev() {
+            eprintln!("{l}");
+        }
+    }
+    let clean = cluster.down();
+    assert!(!dir.exists() || !clean, "scripts/cluster down left {}", dir.display());
+    println!(
+        "real_cluster: {passed} passed, {} failed, {} not run, in {:.1} s; cluster stopped: {clean}",
+        failed.len(),
+        CASES.len() - passed - failed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if failed.is_empty() && passed == CASES.len() && clean {
+        ExitCode::SUCCESS
+    } else {
+        for f in &failed {
+            eprintln!("FAILED: {f}");
+        }
+        ExitCode::FAILURE
+    }
+}
