@@ -9,7 +9,7 @@ Usage: helm_live.py KUBECONFIG ACTION RELEASE NAMESPACE [ARG]
   uninstall              helm uninstall
   history                the release's revisions, as JSON
 
-Prints the release (or the history) as JSON on stdout. Used by tests/tests/real_cluster.rs.
+Prints the release as Helm stores it (hooks included; `get all`), or the history, as JSON on stdout. Used by tests/tests/real_cluster.rs.
 
 Hooks are off (Helm's --no-hooks): the chart's certgen Jobs need a node to run on, and the control
 plane of these tests has none; the test runs `hami-certgen create` and `patch` itself, on the host,
@@ -59,7 +59,8 @@ def main() -> int:
                         json.dumps(values),
                         opts,
                     )
-                print(out)
+                json.loads(out)
+                print(json.dumps(cfg.get_all(release)))
             elif action == "rollback":
                 _native.call_status(
                     "helm_rollback",
@@ -67,7 +68,7 @@ def main() -> int:
                     release,
                     _opts(version=int(arg or "0"), timeout_seconds=TIMEOUT, disable_hooks=True),
                 )
-                print(json.dumps(cfg.history(release)))
+                print(json.dumps(cfg.get_all(release)))
             elif action == "uninstall":
                 out = _native.call_string(
                     "helm_uninstall",

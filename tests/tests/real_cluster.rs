@@ -228,7 +228,7 @@ impl Cluster {
         }
         for (_, _, manifest) in &hooks {
             let policy = manifest["metadata"]["annotations"]["helm.sh/hook-delete-policy"].as_str().unwrap_or_default();
-            if policy.contains("hook-succeeded") && manifest["kind"] != "Job" {
+            if policy.split(',').any(|p| p.trim() == "hook-succeeded") && manifest["kind"] != "Job" {
                 let kind = manifest["kind"].as_str().unwrap();
                 let name = manifest["metadata"]["name"].as_str().unwrap();
                 let mut args = vec!["delete", kind, name, "--ignore-not-found", "--wait=false"];
@@ -387,6 +387,10 @@ impl Cluster {
     /// What `hami-webhook mutate` prints for the pod, with the chart's settings file.
     fn offline(&self, pod: &Value, extra: &[&str]) -> Result<(Value, String), String> {
         let file = self.work.path().join("offline-pod.json");
+        let mut pod = pod.clone();
+        if pod["metadata"]["namespace"].is_null() {
+            pod["metadata"]["namespace"] = json!(TENANT);
+        }
         std::fs::write(&file, pod.to_string()).unwrap();
         let out = Command::new(binary("hami-webhook"))
             .arg("mutate")
@@ -413,12 +417,13 @@ impl Cluster {
         mutated["metadata"]["namespace"] = json!(OFFLINE);
         let (offline, _) = self.create_pod(OFFLINE, &mutated).unwrap_or_else(|e| panic!("offline-mutated pod refused by the API server: {e}"));
         let (a, b) = (comparable(&online), comparable(&offline));
-        assert_eq!(
-            a,
-            b,
-            "stored pod (online) differs from `hami-webhook mutate` (offline):\nonline:  {}\noffline: {}",
-            serde_json::to_string_pretty(&a).unwrap(),
-            serde_json::to_string_pretty(&b).unwrap()
+        let mut differences = Vec::new();
+        diff("", &a, &b, &mut differences);
+        assert!(
+            differences.is_empty(),
+            "{}: the stored pod (online) differs from `hami-webhook mutate` (offline) stored:\n{}",
+            pod["metadata"]["name"],
+            differences.join("\n")
         );
         online
     }
@@ -430,6 +435,24 @@ impl Cluster {
             .env("HAMI_CLUSTER_DIR", &self.dir)
             .status();
         status.map(|s| s.success()).unwrap_or(false)
+    }
+}
+
+/// Every path where `a` and `b` differ, with both values.
+fn diff(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
+                diff(&format!("{path}.{k}"), x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                diff(&format!("{path}[{i}]"), p, q, out);
+            }
+        }
+        _ if a != b => out.push(format!("  {path}: online {a} / offline {b}")),
+        _ => {}
     }
 }
 
@@ -458,6 +481,20 @@ fn comparable(pod: &Value) -> Value {
                         m["name"] = fixed.clone();
                     }
                 }
+            }
+        }
+    }
+    // Volumes and mounts are keyed by name and path: the API server's ServiceAccount admission
+    // plugin adds the token volume before the webhooks run (online) but after the offline patch.
+    for v in [&mut spec["volumes"]] {
+        if let Some(list) = v.as_array_mut() {
+            list.sort_by(|a, b| a["name"].to_string().cmp(&b["name"].to_string()));
+        }
+    }
+    for list in ["containers", "initContainers"] {
+        for c in spec[list].as_array_mut().into_iter().flatten() {
+            if let Some(mounts) = c["volumeMounts"].as_array_mut() {
+                mounts.sort_by(|a, b| a["mountPath"].to_string().cmp(&b["mountPath"].to_string()));
             }
         }
     }
@@ -514,12 +551,12 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 
 fn install(c: &mut Cluster) {
     let release = c.helm("install", Some(&operator_values(false, "Fail").to_string()));
-    assert_eq!(release["version"], 1, "{release}");
+    assert_eq!(release["summary"]["revision"], 1, "revision of the install: {}", release["summary"]);
     // pre-install: certgen's RBAC and `hami-certgen create`; then the chart; then post-install:
     // `hami-certgen patch` writes the caBundle.
     c.run_hooks(&release, "pre-install");
     c.run_hooks(&release, "post-install");
-    let mwc = c.get("mutatingwebhookconfiguration", None, &format!("{PREFIX}-webhook"));
+    let mwc = c.get("mutatingwebhookconfiguration", None, PREFIX);
     let ca = c.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"))["data"]["ca.crt"].clone();
     for w in mwc["webhooks"].as_array().unwrap() {
         assert_eq!(w["clientConfig"]["caBundle"], ca, "caBundle of {} after install", w["name"]);
@@ -549,9 +586,8 @@ fn install(c: &mut Cluster) {
 /// Values an operator sets: HAMi's defaults, a KAI scheduler, GPU nodes only for the plugin.
 fn operator_values(overwrite_env: bool, failure_policy: &str) -> Value {
     json!({
-        "deviceConfig": {"nvidia": {"gpuCorePolicy": if overwrite_env { "force" } else { "default" }, "overwriteEnv": overwrite_env}},
+        "devicePlugin": {"gpuCorePolicy": if overwrite_env { "force" } else { "default" }, "overwriteEnv": overwrite_env},
         "webhook": {"failurePolicy": failure_policy, "kai": {"schedulerNames": ["kai-scheduler"]}},
-        "devicePlugin": {"nodeSelector": {"gpu": "on"}},
     })
 }
 
@@ -575,7 +611,7 @@ fn hami_settings_after_upgrade(c: &mut Cluster) {
     // helm upgrade with the core policy forced and overwriteEnv on; the Deployment would roll (its
     // config checksum changes): the host webhook restarts with the new ConfigMap.
     let release = c.helm("upgrade", Some(&operator_values(true, "Fail").to_string()));
-    assert_eq!(release["version"], 2, "{release}");
+    assert_eq!(release["summary"]["revision"], 2, "revision of the upgrade: {}", release["summary"]);
     c.run_hooks(&release, "pre-upgrade");
     c.run_hooks(&release, "post-upgrade");
     c.start_webhook();
@@ -636,7 +672,7 @@ fn denials_as_kubectl_prints_them(c: &mut Cluster) {
         (kai_pod("bad-quantity", json!({"gpu-memory": "lots"})), "gpu-memory"),
         (
             {
-                let mut p = pod("shadow", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
+                let mut p = kai_pod("shadow", json!({"gpu-memory": "3000"}));
                 p["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
                 p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
                 p
@@ -827,17 +863,17 @@ fn failure_policy(c: &mut Cluster) {
 
 fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
     let ca = c.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"))["data"]["ca.crt"].clone();
-    let history = c.helm("rollback", Some("1"));
-    let last = history.as_array().unwrap().iter().map(|r| r["version"].as_i64().unwrap()).max().unwrap();
-    assert!(last >= 4, "{history}");
-    // Helm runs the hooks of the revision rolled back to.
-    let status = c.helm("history", None);
-    assert!(status.as_array().unwrap().len() as i64 >= last);
-    let mwc = c.get("mutatingwebhookconfiguration", None, &format!("{PREFIX}-webhook"));
+    let release = c.helm("rollback", Some("1"));
+    let revision = release["summary"]["revision"].as_i64().unwrap();
+    assert!(revision >= 4, "revision after the rollback: {}", release["summary"]);
+    let mwc = c.get("mutatingwebhookconfiguration", None, PREFIX);
     for w in mwc["webhooks"].as_array().unwrap() {
         assert_eq!(w["clientConfig"]["caBundle"], ca, "caBundle of {} lost by the rollback (before the post-rollback hook)", w["name"]);
         assert_eq!(w["failurePolicy"], "Fail", "the rollback restored revision 1's failurePolicy");
     }
+    // Helm runs the hooks of the revision rolled back to.
+    c.run_hooks(&release, "pre-rollback");
+    c.run_hooks(&release, "post-rollback");
     c.start_webhook();
     c.online_equals_offline(&kai_pod("after-rollback", json!({"gpu-memory": "1500"})), &[]);
 
@@ -845,7 +881,7 @@ fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
     let release = c.helm("uninstall", None);
     let _ = release;
     for (kind, ns, name) in [
-        ("mutatingwebhookconfiguration", None, format!("{PREFIX}-webhook")),
+        ("mutatingwebhookconfiguration", None, PREFIX.to_owned()),
         ("clusterrole", None, format!("{PREFIX}-webhook")),
         ("clusterrolebinding", None, format!("{PREFIX}-webhook")),
         ("serviceaccount", Some(NS), format!("{PREFIX}-webhook")),
