@@ -695,19 +695,19 @@ fn denials_as_kubectl_prints_them(c: &mut Cluster) {
 }
 
 fn warnings_reach_the_client(c: &mut Cluster) {
-    // No node has labels for this selector: a gpu-fraction pod without a basis gets a warning.
+    // No GPU node matches this selector: a gpu-fraction pod without a basis is admitted with a
+    // warning (kai.missingBasis: warn, the chart's default), which kubectl prints.
     let mut p = kai_pod("no-basis", json!({"gpu-fraction": "0.25"}));
     p["spec"]["nodeSelector"] = json!({"pool": "nowhere"});
-    let (offline, offline_warnings) = c.offline(&p, &["--nodes", c.work.path().join("nodes.yaml").to_str().unwrap()]).expect("mutate");
-    let _ = offline;
-    let warning = offline_warnings.lines().find(|l| l.contains("arning")).unwrap_or_default().to_owned();
-    match c.create_pod(TENANT, &p) {
-        Ok((_, stderr)) => {
-            assert!(!warning.is_empty(), "offline gave no warning for a pod without a basis; online printed {stderr:?}");
-            assert!(stderr.contains("Warning:"), "kubectl printed no warning: {stderr:?}");
-        }
-        Err(err) => assert!(err.contains(WEBHOOK), "refused, but not by the webhook: {err}"),
-    }
+    let nodes = c.work.path().join("nodes.yaml");
+    let (_, offline) = c.offline(&p, &["--nodes", nodes.to_str().unwrap()]).expect("mutate admits it");
+    let warning = offline
+        .lines()
+        .find_map(|l| l.strip_prefix("warning: "))
+        .unwrap_or_else(|| panic!("offline gave no warning: {offline:?}"))
+        .to_owned();
+    let (_, stderr) = c.create_pod(TENANT, &p).unwrap_or_else(|e| panic!("refused: {e}"));
+    assert!(stderr.contains(&format!("Warning: {warning}")), "kubectl printed {stderr:?}, offline warned {warning:?}");
 }
 
 fn update_of_limits_key_denied(c: &mut Cluster) {
@@ -771,18 +771,30 @@ fn edge_pods_never_made_invalid(c: &mut Cluster) {
         kai_env,
         kai_mount,
     ];
+    let mut outcomes = Vec::new();
     for p in cases {
         let name = p["metadata"]["name"].as_str().unwrap().to_owned();
-        match c.create_pod(TENANT, &p) {
-            Ok(_) => {}
-            Err(err) => {
+        match c.offline(&p, &[]) {
+            // Admitted offline: stored online, and equal to the offline result.
+            Ok(_) => {
+                c.online_equals_offline(&p, &[]);
+                outcomes.push(format!("{name}: stored"));
+            }
+            // Denied offline: denied online by the webhook, with the same message.
+            Err(offline) => {
+                let err = c.create_pod(TENANT, &p).map(|_| ()).expect_err(&format!("{name}: denied offline, admitted online"));
                 assert!(
-                    err.contains("admission webhook") && err.contains("denied the request"),
+                    err.contains(&format!("admission webhook \"{WEBHOOK}\" denied the request")),
                     "{name}: refused by the API server after our patch, not by the webhook:\n{err}"
                 );
-                assert!(!err.contains(" is invalid: "), "{name}: {err}");
+                let message = err.rsplit("denied the request: ").next().unwrap().trim();
+                assert!(offline.contains(message), "{name}: offline {offline:?}, online {message:?}");
+                outcomes.push(format!("{name}: denied by the webhook: {message}"));
             }
         }
+    }
+    for o in &outcomes {
+        println!("edge pod {o}");
     }
 }
 
