@@ -630,6 +630,92 @@ fn hami_settings_after_upgrade(c: &mut Cluster) {
     assert_eq!(env_of(&p, 1).get("NVIDIA_VISIBLE_DEVICES").map(String::as_str), Some("none"), "{}", all_text(&p));
 }
 
+/// Reinvocation: a second mutating webhook (called after ours: configurations run in name order)
+/// adds a GPU container; ours (reinvocationPolicy: IfNeeded) is called again and treats it as it
+/// would have at first. The stored pod equals `hami-webhook mutate` of the pod with both.
+fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
+    let dir = c.work.path().join("second");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=second-webhook"])
+        .arg("-addext")
+        .arg(format!("subjectAltName=IP:{}", c.host_ip))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let port = free_port();
+    let log = std::fs::File::create(c.dir.join("logs/second-webhook.log")).unwrap();
+    let mut child = Command::new("python3")
+        .arg(repo().join("tests/cluster/second_webhook.py"))
+        .arg(&c.host_ip)
+        .arg(port.to_string())
+        .arg(&cert)
+        .arg(&key)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    std::fs::write(c.dir.join("pids/second-webhook"), child.id().to_string()).unwrap();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
+    assert_eq!(ready.trim(), "serving");
+    let ca_bundle = {
+        let pem = std::fs::read(&cert).unwrap();
+        let mut b64 = Command::new("base64").arg("-w0").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        b64.stdin.take().unwrap().write_all(&pem).unwrap();
+        text(&b64.wait_with_output().unwrap().stdout)
+    };
+    c.apply(&json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "zz-second"},
+        "webhooks": [{
+            "name": "second.tests.hami.io", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Fail", "reinvocationPolicy": "Never",
+            "clientConfig": {"url": format!("https://{}:{port}/", c.host_ip), "caBundle": ca_bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
+            "objectSelector": {"matchLabels": {"second-webhook": "add-gpu-sidecar"}},
+        }],
+    }));
+    let mut p = pod("reinvoked", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
+    p["metadata"]["labels"] = json!({"second-webhook": "add-gpu-sidecar"});
+    let before = c.reviews();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let (online, _) = c.create_pod(TENANT, &p).unwrap_or_else(|e| panic!("refused: {e}"));
+        let names: Vec<&str> = online["spec"]["containers"].as_array().unwrap().iter().filter_map(|x| x["name"].as_str()).collect();
+        assert_eq!(names, ["cuda", "gpu-sidecar"], "the second webhook did not run");
+        assert_eq!(c.reviews(), before + 2, "hami-limits' webhook was not reinvoked");
+        // GPU_CORE_UTILIZATION_POLICY=force (set by the upgrade before) reached the added container.
+        assert_eq!(env_of(&online, 1).get("GPU_CORE_UTILIZATION_POLICY").map(String::as_str), Some("force"), "{online}");
+        c.ok(&["delete", "pod", "reinvoked", "-n", TENANT, "--wait=false"], None);
+        // Offline: the pod as the second webhook leaves it.
+        let mut both = p.clone();
+        both["metadata"]["labels"] = json!({"second-webhook": "done"});
+        both["spec"]["containers"].as_array_mut().unwrap().push(json!({
+            "name": "gpu-sidecar", "image": "localhost/hami-limits/workload:test", "command": ["sleep", "infinity"],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+        }));
+        let (mut offline, _) = c.offline(&both, &[]).unwrap();
+        offline["metadata"]["labels"] = json!({"second-webhook": "add-gpu-sidecar"});
+        offline["metadata"]["namespace"] = json!(OFFLINE);
+        let (stored, _) = c.create_pod(OFFLINE, &offline).unwrap();
+        let mut differences = Vec::new();
+        diff("", &comparable(&online), &comparable(&stored), &mut differences);
+        assert!(differences.is_empty(), "reinvoked pod differs from offline:\n{}", differences.join("\n"));
+    }));
+    c.ok(&["delete", "mutatingwebhookconfiguration", "zz-second"], None);
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(c.dir.join("pids/second-webhook"));
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
 fn kai_gpu_memory(c: &mut Cluster) {
     let p = c.online_equals_offline(&kai_pod("kai-memory", json!({"gpu-memory": "3000"})), &[]);
     assert!(all_text(&p).contains("3000m"), "no 3000m cap in {}", all_text(&p));
@@ -914,6 +1000,7 @@ const CASES: &[Case] = &[
     ("helm install, certgen hooks, caBundle, the Service reaches the host webhook", install),
     ("HAMi pods: stored pod equals hami-webhook mutate", hami_pods),
     ("helm upgrade: core policy and overwriteEnv reach stored pods", hami_settings_after_upgrade),
+    ("reinvocation: a second webhook adds a GPU container, ours is called again", reinvocation_with_a_second_webhook),
     ("KAI gpu-memory: stored pod equals hami-webhook mutate", kai_gpu_memory),
     ("KAI gpu-fraction: basis from real Node objects, changed through the API", kai_gpu_fraction_basis_from_real_nodes),
     ("denials as kubectl prints them", denials_as_kubectl_prints_them),
