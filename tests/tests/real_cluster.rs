@@ -994,6 +994,146 @@ fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
     assert!(left.trim().is_empty(), "left behind in {NS} by helm uninstall: {left}");
 }
 
+const GPU_A: &str = "GPU-11111111-aaaa-4000-8000-000000000001";
+const DP_NODE: &str = "gpu-dp";
+
+/// `curl` as the admin, for API calls kubectl has no verb for (bindings, preconditioned patches):
+/// the HTTP status and the body.
+fn api_call(c: &Cluster, method: &str, path: &str, content_type: &str, body: &Value) -> (u16, Value) {
+    let port = std::fs::read_to_string(c.dir.join("apiserver-port")).unwrap();
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", "-X", method, "-H"])
+        .arg(format!("Content-Type: {content_type}"))
+        .arg("--cacert")
+        .arg(c.dir.join("pki/ca.crt"))
+        .arg("--cert")
+        .arg(c.dir.join("pki/admin.crt"))
+        .arg("--key")
+        .arg(c.dir.join("pki/admin.key"))
+        .arg("--data-binary")
+        .arg(body.to_string())
+        .arg(format!("https://127.0.0.1:{}{path}", port.trim()))
+        .output()
+        .unwrap();
+    let out = text(&out.stdout);
+    let (body, code) = out.rsplit_once('\n').unwrap();
+    (code.trim().parse().unwrap(), serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// The device plugin's API side, real: `hami-device-plugin run` (inventory file, the chart's
+/// ServiceAccount token) registers with the fake kubelet, publishes the node-register annotation
+/// on a real Node, and answers `Allocate` for a pod the real API server stored and the HAMi
+/// scheduler's steps (annotations, node lock, a real Binding) prepared: it finds the pod through
+/// its watch of this node's pods (field selector), writes the limits file, sets bind-phase and
+/// releases the lock with patches the real server accepts, and records an Event.
+fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
+    use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
+    use hami_tests::kubelet::FakeKubelet;
+
+    let dir = c.work.path().join("dp");
+    let (kubelet_dir, hook) = (dir.join("kubelet"), dir.join("hook"));
+    std::fs::create_dir_all(&kubelet_dir).unwrap();
+    std::fs::create_dir_all(hook.join("vgpu")).unwrap();
+    let inventory = dir.join("inventory.yaml");
+    std::fs::write(&inventory, format!("- uuid: {GPU_A}\n  name: NVIDIA H200\n  memoryMib: 143771\n  numaNode: 0\n")).unwrap();
+    c.apply(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": DP_NODE, "labels": {"gpu": "on"}}}));
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let kubelet = rt.block_on(FakeKubelet::start(&kubelet_dir)).unwrap();
+    let kubeconfig = c.service_account_kubeconfig(NS, &format!("{PREFIX}-device-plugin"));
+    let log = std::fs::File::create(c.dir.join("logs/hami-device-plugin.log")).unwrap();
+    let mut plugin = Command::new(binary("hami-device-plugin"))
+        .arg("run")
+        .arg("--inventory")
+        .arg(&inventory)
+        .args(["--node-name", DP_NODE])
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .arg("--hook-path")
+        .arg(&hook)
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    std::fs::write(c.dir.join("pids/hami-device-plugin"), plugin.id().to_string()).unwrap();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        rt.block_on(kubelet.wait_for_registration(1, Duration::from_secs(30))).unwrap_or_else(|e| {
+            panic!("no registration: {e}; log: {}", std::fs::read_to_string(c.dir.join("logs/hami-device-plugin.log")).unwrap_or_default())
+        });
+        wait_for("the node-register annotation on the real Node", Duration::from_secs(30), || {
+            c.get("node", None, DP_NODE)["metadata"]["annotations"]["hami.io/node-nvidia-register"].is_string()
+        });
+        // A HAMi pod, admitted by the real webhook.
+        let (stored, _) = c
+            .create_pod(TENANT, &pod("dp-pod", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}))])))
+            .unwrap();
+        let uid = stored["metadata"]["uid"].as_str().unwrap().to_owned();
+        // The HAMi scheduler: node lock, device annotations, bind-phase, then a Binding (the real
+        // API server refuses spec.nodeName in a patch).
+        let devices = PodDevices::from_containers(&[vec![ContainerDevice { uuid: GPU_A.into(), kind: "NVIDIA".into(), memory_mib: 3000, cores: 30, extra: vec![] }]]).encode();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        c.ok(&["annotate", "node", DP_NODE, "--overwrite", &format!("hami.io/mutex.lock={},{TENANT},dp-pod", chrono_like(now))], None);
+        c.ok(&["annotate", "pod", "dp-pod", "-n", TENANT, "--overwrite",
+            &format!("hami.io/vgpu-node={DP_NODE}"), &format!("hami.io/vgpu-time={now}"),
+            &format!("hami.io/vgpu-devices-to-allocate={devices}"), &format!("hami.io/vgpu-devices-allocated={devices}"),
+            "hami.io/bind-phase=allocating", &format!("hami.io/bind-time={now}")], None);
+        let refused = c.kubectl(&["patch", "pod", "dp-pod", "-n", TENANT, "--type=merge", "-p", &json!({"spec": {"nodeName": DP_NODE}}).to_string()], None);
+        assert!(!refused.status.success(), "the real API server let a patch set spec.nodeName");
+        let (code, body) = api_call(c, "POST", &format!("/api/v1/namespaces/{TENANT}/pods/dp-pod/binding"), "application/json",
+            &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "dp-pod"}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}));
+        assert_eq!(code, 201, "binding: {body}");
+        // kubelet's Allocate for the device the scheduler chose.
+        let response = rt.block_on(async {
+            let mut client = kubelet.plugin().await.unwrap();
+            client.allocate(&[vec![format!("{GPU_A}-0")]]).await
+        });
+        let response = response.unwrap_or_else(|e| {
+            panic!("Allocate failed: {e}; log: {}", std::fs::read_to_string(c.dir.join("logs/hami-device-plugin.log")).unwrap_or_default())
+        });
+        let container = &response.container_responses[0];
+        assert!(container.mounts.iter().any(|m| m.container_path == "/overrideEnv" && m.read_only), "{container:?}");
+        let file = container.mounts.iter().find(|m| m.container_path == "/overrideEnv").unwrap().host_path.clone();
+        let limits = std::fs::read_to_string(&file).unwrap();
+        assert!(limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=3000m"), "{limits}");
+        assert!(file.contains(&uid), "the limits file {file} is not the pod's");
+        let after = c.get("pod", Some(TENANT), "dp-pod");
+        assert_eq!(after["metadata"]["annotations"]["hami.io/bind-phase"], "success", "{}", after["metadata"]["annotations"]);
+        let node = c.get("node", None, DP_NODE);
+        assert!(node["metadata"]["annotations"]["hami.io/mutex.lock"].is_null(), "the node lock was not released: {}", node["metadata"]["annotations"]);
+        // The server's optimistic concurrency, which the plugin's preconditioned patches rely on:
+        // a patch with a stale resourceVersion is a 409 Conflict.
+        let stale = stored["metadata"]["resourceVersion"].as_str().unwrap();
+        let (code, body) = api_call(c, "PATCH", &format!("/api/v1/namespaces/{TENANT}/pods/dp-pod"), "application/merge-patch+json",
+            &json!({"metadata": {"resourceVersion": stale, "annotations": {"hami.io/bind-phase": "failed"}}}));
+        assert_eq!(code, 409, "stale patch: {body}");
+        let events = c.ok(&["get", "events.events.k8s.io", "-n", TENANT, "--field-selector", "regarding.name=dp-pod", "-o", "json"], None);
+        let events: Value = serde_json::from_str(&events).unwrap();
+        let reasons: Vec<String> = events["items"].as_array().unwrap().iter().filter_map(|e| e["reason"].as_str().map(str::to_owned)).collect();
+        println!("device plugin Events on the pod: {reasons:?}");
+    }));
+    let _ = Command::new("kill").arg("-TERM").arg(plugin.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while plugin.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = plugin.kill();
+    let _ = plugin.wait();
+    let _ = std::fs::remove_file(c.dir.join("pids/hami-device-plugin"));
+    drop(kubelet);
+    drop(rt);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+/// RFC 3339 UTC seconds for UNIX time `t` (the node lock's time format).
+fn chrono_like(t: u64) -> String {
+    let out = Command::new("date").args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"]).output().unwrap();
+    text(&out.stdout).trim().to_owned()
+}
+
 type Case = (&'static str, fn(&mut Cluster));
 
 const CASES: &[Case] = &[
@@ -1009,6 +1149,7 @@ const CASES: &[Case] = &[
     ("CEL matchConditions keep plain pods away from the webhook", cel_excludes_plain_pods),
     ("edge pods are stored valid or denied by the webhook", edge_pods_never_made_invalid),
     ("RBAC as shipped", rbac_as_shipped),
+    ("device plugin: pod watch, node lock, patches, Binding, Events against the real API server", device_plugin_against_the_real_api_server),
     ("failurePolicy measured with the webhook down", failure_policy),
     ("helm rollback keeps the caBundle, helm uninstall leaves nothing", rollback_keeps_ca_bundle_and_uninstall_leaves_nothing),
 ];
