@@ -12,7 +12,13 @@
 //! `--enable-aggregator-routing`, so it dials an endpoint of the Service, not its ClusterIP).
 //! The webhook runs with the chart's ConfigMap as its settings file, certgen's Secret as its
 //! certificate, and its ServiceAccount's token (not the admin's) for the node watch.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout, clippy::print_stderr)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -62,7 +68,11 @@ fn python() -> String {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -89,7 +99,11 @@ impl Cluster {
             .output()
             .map_err(|e| format!("cannot run scripts/cluster: {e}"))?;
         if !out.status.success() {
-            return Err(format!("scripts/cluster up failed:\n{}{}", text(&out.stdout), text(&out.stderr)));
+            return Err(format!(
+                "scripts/cluster up failed:\n{}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            ));
         }
         let read = |f: &str| std::fs::read_to_string(dir.join(f)).map(|s| s.trim().to_owned());
         let bin = PathBuf::from(read("bin").map_err(|e| e.to_string())?);
@@ -125,7 +139,12 @@ impl Cluster {
             .spawn()
             .unwrap();
         if let Some(input) = stdin {
-            child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
         }
         drop(child.stdin.take());
         child.wait_with_output().unwrap()
@@ -160,7 +179,10 @@ impl Cluster {
     }
 
     fn apply(&self, object: &Value) {
-        self.ok(&["apply", "--server-side", "--force-conflicts", "-f", "-"], Some(&object.to_string()));
+        self.ok(
+            &["apply", "--server-side", "--force-conflicts", "-f", "-"],
+            Some(&object.to_string()),
+        );
     }
 
     /// A kubeconfig that authenticates as a ServiceAccount with a token from the TokenRequest API:
@@ -169,7 +191,9 @@ impl Cluster {
         let token = self.ok(&["create", "token", sa, "-n", ns, "--duration", "2h"], None);
         let server = format!(
             "https://127.0.0.1:{}",
-            std::fs::read_to_string(self.dir.join("apiserver-port")).unwrap().trim()
+            std::fs::read_to_string(self.dir.join("apiserver-port"))
+                .unwrap()
+                .trim()
         );
         let path = self.work.path().join(format!("{ns}-{sa}.kubeconfig"));
         let config = json!({
@@ -209,15 +233,29 @@ impl Cluster {
     fn run_hooks(&self, release: &Value, phase: &str) {
         let mut hooks: Vec<(i64, String, Value)> = Vec::new();
         for hook in release["hooks"].as_array().into_iter().flatten() {
-            let events: Vec<&str> = hook["events"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            let events: Vec<&str> = hook["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
             if !events.contains(&phase) {
                 continue;
             }
-            let manifest: Value = serde_yaml_ng::from_str(hook["manifest"].as_str().unwrap()).unwrap();
+            let manifest: Value =
+                serde_yaml_ng::from_str(hook["manifest"].as_str().unwrap()).unwrap();
             let weight = hook["weight"].as_i64().unwrap_or(0);
-            hooks.push((weight, hook["name"].as_str().unwrap_or_default().to_owned(), manifest));
+            hooks.push((
+                weight,
+                hook["name"].as_str().unwrap_or_default().to_owned(),
+                manifest,
+            ));
         }
-        assert!(!hooks.is_empty() || phase == "pre-delete", "the release has no {phase} hooks: {}", release["hooks"]);
+        assert!(
+            !hooks.is_empty() || phase == "pre-delete",
+            "the release has no {phase} hooks: {}",
+            release["hooks"]
+        );
         hooks.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         for (_, _, manifest) in &hooks {
             if manifest["kind"] == "Job" {
@@ -227,8 +265,11 @@ impl Cluster {
             }
         }
         for (_, _, manifest) in &hooks {
-            let policy = manifest["metadata"]["annotations"]["helm.sh/hook-delete-policy"].as_str().unwrap_or_default();
-            if policy.split(',').any(|p| p.trim() == "hook-succeeded") && manifest["kind"] != "Job" {
+            let policy = manifest["metadata"]["annotations"]["helm.sh/hook-delete-policy"]
+                .as_str()
+                .unwrap_or_default();
+            if policy.split(',').any(|p| p.trim() == "hook-succeeded") && manifest["kind"] != "Job"
+            {
                 let kind = manifest["kind"].as_str().unwrap();
                 let name = manifest["metadata"]["name"].as_str().unwrap();
                 let mut args = vec!["delete", kind, name, "--ignore-not-found", "--wait=false"];
@@ -246,13 +287,27 @@ impl Cluster {
         let sa = spec["serviceAccountName"].as_str().unwrap();
         let ns = job["metadata"]["namespace"].as_str().unwrap();
         let kubeconfig = self.service_account_kubeconfig(ns, sa);
-        let containers = spec["initContainers"].as_array().into_iter().flatten().chain(spec["containers"].as_array().unwrap());
+        let containers = spec["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(spec["containers"].as_array().unwrap());
         for container in containers {
             let image = container["image"].as_str().unwrap();
-            assert!(image.contains("certgen") || image.contains("hami-limits"), "hook Job runs an unexpected image {image}");
-            let args: Vec<String> = container["args"].as_array().into_iter().flatten().map(|a| a.as_str().unwrap().to_owned()).collect();
+            assert!(
+                image.contains("certgen") || image.contains("hami-limits"),
+                "hook Job runs an unexpected image {image}"
+            );
+            let args: Vec<String> = container["args"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| a.as_str().unwrap().to_owned())
+                .collect();
             let mut cmd = Command::new(binary("hami-certgen"));
-            cmd.args(&args).env("KUBECONFIG", &kubeconfig).env_remove("HAMI_LOG_FORMAT");
+            cmd.args(&args)
+                .env("KUBECONFIG", &kubeconfig)
+                .env_remove("HAMI_LOG_FORMAT");
             for env in container["env"].as_array().into_iter().flatten() {
                 if let Some(v) = env["value"].as_str() {
                     cmd.env(env["name"].as_str().unwrap(), v);
@@ -281,7 +336,12 @@ impl Cluster {
         let secret = self.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"));
         for key in ["tls.crt", "tls.key"] {
             let b64 = secret["data"][key].as_str().unwrap();
-            let out = Command::new("base64").arg("-d").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+            let out = Command::new("base64")
+                .arg("-d")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
             let mut out = out;
             out.stdin.take().unwrap().write_all(b64.as_bytes()).unwrap();
             let bytes = out.wait_with_output().unwrap().stdout;
@@ -312,14 +372,21 @@ impl Cluster {
         self.webhook = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.http_get("/readyz").map(|(code, _)| code) != Some(200) {
-            assert!(Instant::now() < deadline, "the webhook was not ready in 30 s; log: {}", self.webhook_log());
+            assert!(
+                Instant::now() < deadline,
+                "the webhook was not ready in 30 s; log: {}",
+                self.webhook_log()
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     fn stop_webhook(&mut self) {
         if let Some(mut child) = self.webhook.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let deadline = Instant::now() + Duration::from_secs(10);
             while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));
@@ -358,7 +425,12 @@ impl Cluster {
     /// The chart's Service, pointed at the webhook on this host by an EndpointSlice of our own.
     fn point_service_here(&self) {
         let svc = self.get("service", Some(NS), &format!("{PREFIX}-webhook"));
-        let port = svc["spec"]["ports"].as_array().unwrap().iter().find(|p| p["port"] == 443).unwrap();
+        let port = svc["spec"]["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["port"] == 443)
+            .unwrap();
         self.apply(&json!({
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {
@@ -376,9 +448,15 @@ impl Cluster {
 
     /// Create a pod through the API server; the stored pod, or kubectl's output when refused.
     fn create_pod(&self, ns: &str, pod: &Value) -> Result<(Value, String), String> {
-        let out = self.kubectl(&["create", "-n", ns, "-o", "json", "-f", "-"], Some(&pod.to_string()));
+        let out = self.kubectl(
+            &["create", "-n", ns, "-o", "json", "-f", "-"],
+            Some(&pod.to_string()),
+        );
         if out.status.success() {
-            Ok((serde_json::from_slice(&out.stdout).unwrap(), text(&out.stderr)))
+            Ok((
+                serde_json::from_slice(&out.stdout).unwrap(),
+                text(&out.stderr),
+            ))
         } else {
             Err(text(&out.stderr))
         }
@@ -402,7 +480,10 @@ impl Cluster {
             .output()
             .unwrap();
         if out.status.success() {
-            Ok((serde_yaml_ng::from_slice(&out.stdout).unwrap(), text(&out.stderr)))
+            Ok((
+                serde_yaml_ng::from_slice(&out.stdout).unwrap(),
+                text(&out.stderr),
+            ))
         } else {
             Err(text(&out.stderr))
         }
@@ -412,10 +493,16 @@ impl Cluster {
     /// stored where no webhook runs: the two stored pods must be equal (up to what the API server
     /// makes unique per object). Returns the online stored pod.
     fn online_equals_offline(&self, pod: &Value, extra: &[&str]) -> Value {
-        let (online, _) = self.create_pod(TENANT, pod).unwrap_or_else(|e| panic!("pod refused online: {e}"));
-        let (mut mutated, _) = self.offline(pod, extra).unwrap_or_else(|e| panic!("hami-webhook mutate refused it: {e}"));
+        let (online, _) = self
+            .create_pod(TENANT, pod)
+            .unwrap_or_else(|e| panic!("pod refused online: {e}"));
+        let (mut mutated, _) = self
+            .offline(pod, extra)
+            .unwrap_or_else(|e| panic!("hami-webhook mutate refused it: {e}"));
         mutated["metadata"]["namespace"] = json!(OFFLINE);
-        let (offline, _) = self.create_pod(OFFLINE, &mutated).unwrap_or_else(|e| panic!("offline-mutated pod refused by the API server: {e}"));
+        let (offline, _) = self
+            .create_pod(OFFLINE, &mutated)
+            .unwrap_or_else(|e| panic!("offline-mutated pod refused by the API server: {e}"));
         let (a, b) = (comparable(&online), comparable(&offline));
         let mut differences = Vec::new();
         diff("", &a, &b, &mut differences);
@@ -443,7 +530,12 @@ fn diff(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
     match (a, b) {
         (Value::Object(x), Value::Object(y)) => {
             for k in x.keys().chain(y.keys().filter(|k| !x.contains_key(*k))) {
-                diff(&format!("{path}.{k}"), x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
+                diff(
+                    &format!("{path}.{k}"),
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                    out,
+                );
             }
         }
         (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
@@ -519,7 +611,11 @@ fn container(name: &str, limits: Value) -> Value {
 }
 
 fn kai_pod(name: &str, annotations: Value) -> Value {
-    let mut p = pod(name, annotations, json!([{"name": "cuda", "image": "localhost/hami-limits/workload:test", "command": ["sleep", "infinity"]}]));
+    let mut p = pod(
+        name,
+        annotations,
+        json!([{"name": "cuda", "image": "localhost/hami-limits/workload:test", "command": ["sleep", "infinity"]}]),
+    );
     p["spec"]["schedulerName"] = json!("kai-scheduler");
     p["metadata"]["labels"] = json!({"kai.scheduler/queue": "default"});
     p
@@ -530,7 +626,12 @@ fn env_of(pod: &Value, container: usize) -> BTreeMap<String, String> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str().unwrap_or_default().to_owned())))
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str().unwrap_or_default().to_owned(),
+            ))
+        })
         .collect()
 }
 
@@ -541,7 +642,10 @@ fn all_text(pod: &Value) -> String {
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !f() {
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
@@ -551,7 +655,11 @@ fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 
 fn install(c: &mut Cluster) {
     let release = c.helm("install", Some(&operator_values(false, "Fail").to_string()));
-    assert_eq!(release["summary"]["revision"], 1, "revision of the install: {}", release["summary"]);
+    assert_eq!(
+        release["summary"]["revision"], 1,
+        "revision of the install: {}",
+        release["summary"]
+    );
     // pre-install: certgen's RBAC and `hami-certgen create`; then the chart; then post-install:
     // `hami-certgen patch` writes the caBundle.
     c.run_hooks(&release, "pre-install");
@@ -559,28 +667,63 @@ fn install(c: &mut Cluster) {
     let mwc = c.get("mutatingwebhookconfiguration", None, PREFIX);
     let ca = c.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"))["data"]["ca.crt"].clone();
     for w in mwc["webhooks"].as_array().unwrap() {
-        assert_eq!(w["clientConfig"]["caBundle"], ca, "caBundle of {} after install", w["name"]);
-        assert!(w["clientConfig"]["service"].is_object(), "the chart's own service form: {}", w["clientConfig"]);
+        assert_eq!(
+            w["clientConfig"]["caBundle"], ca,
+            "caBundle of {} after install",
+            w["name"]
+        );
         assert!(
-            w["matchConditions"].as_array().is_some_and(|m| !m.is_empty()),
+            w["clientConfig"]["service"].is_object(),
+            "the chart's own service form: {}",
+            w["clientConfig"]
+        );
+        assert!(
+            w["matchConditions"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty()),
             "the API server kept the CEL matchConditions: {w}"
         );
     }
-    for (ns, labels) in [(TENANT, json!({})), (OFFLINE, json!({"hami.io/webhook": "ignore"}))] {
+    for (ns, labels) in [
+        (TENANT, json!({})),
+        (OFFLINE, json!({"hami.io/webhook": "ignore"})),
+    ] {
         c.apply(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}));
-        wait_for(&format!("the default ServiceAccount of {ns}"), Duration::from_secs(30), || {
-            c.exists("serviceaccount", Some(ns), "default")
-        });
+        wait_for(
+            &format!("the default ServiceAccount of {ns}"),
+            Duration::from_secs(30),
+            || c.exists("serviceaccount", Some(ns), "default"),
+        );
     }
     c.point_service_here();
     c.start_webhook();
     // The API server reaches it through the Service: a HAMi pod is reviewed.
     let before = c.reviews();
-    wait_for("a review through the chart's Service", Duration::from_secs(30), || {
-        let probe = pod("probe", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
-        let out = c.kubectl(&["create", "-n", TENANT, "--dry-run=server", "-o", "json", "-f", "-"], Some(&probe.to_string()));
-        out.status.success() && c.reviews() > before
-    });
+    wait_for(
+        "a review through the chart's Service",
+        Duration::from_secs(30),
+        || {
+            let probe = pod(
+                "probe",
+                json!({}),
+                json!([container("cuda", json!({"nvidia.com/gpu": 1}))]),
+            );
+            let out = c.kubectl(
+                &[
+                    "create",
+                    "-n",
+                    TENANT,
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+                Some(&probe.to_string()),
+            );
+            out.status.success() && c.reviews() > before
+        },
+    );
 }
 
 /// Values an operator sets: HAMi's defaults, a KAI scheduler, GPU nodes only for the plugin.
@@ -593,25 +736,65 @@ fn operator_values(overwrite_env: bool, failure_policy: &str) -> Value {
 
 fn hami_pods(c: &mut Cluster) {
     let p = c.online_equals_offline(
-        &pod("hami-basic", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}))])),
+        &pod(
+            "hami-basic",
+            json!({}),
+            json!([container(
+                "cuda",
+                json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30})
+            )]),
+        ),
         &[],
     );
-    assert_eq!(p["spec"]["schedulerName"], "hami-scheduler", "{}", all_text(&p));
+    assert_eq!(
+        p["spec"]["schedulerName"],
+        "hami-scheduler",
+        "{}",
+        all_text(&p)
+    );
     let p = c.online_equals_offline(
-        &pod("hami-priority", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1, "nvidia.com/priority": 0}))])),
+        &pod(
+            "hami-priority",
+            json!({}),
+            json!([container(
+                "cuda",
+                json!({"nvidia.com/gpu": 1, "nvidia.com/priority": 0})
+            )]),
+        ),
         &[],
     );
-    assert_eq!(env_of(&p, 0).get("CUDA_TASK_PRIORITY").map(String::as_str), Some("0"), "{}", all_text(&p));
+    assert_eq!(
+        env_of(&p, 0).get("CUDA_TASK_PRIORITY").map(String::as_str),
+        Some("0"),
+        "{}",
+        all_text(&p)
+    );
     // defaultGPUNum: memory alone gets one GPU added.
-    let p = c.online_equals_offline(&pod("hami-default-num", json!({}), json!([container("cuda", json!({"nvidia.com/gpumem": 2000}))])), &[]);
-    assert_eq!(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "1", "{}", all_text(&p));
+    let p = c.online_equals_offline(
+        &pod(
+            "hami-default-num",
+            json!({}),
+            json!([container("cuda", json!({"nvidia.com/gpumem": 2000}))]),
+        ),
+        &[],
+    );
+    assert_eq!(
+        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "1",
+        "{}",
+        all_text(&p)
+    );
 }
 
 fn hami_settings_after_upgrade(c: &mut Cluster) {
     // helm upgrade with the core policy forced and overwriteEnv on; the Deployment would roll (its
     // config checksum changes): the host webhook restarts with the new ConfigMap.
     let release = c.helm("upgrade", Some(&operator_values(true, "Fail").to_string()));
-    assert_eq!(release["summary"]["revision"], 2, "revision of the upgrade: {}", release["summary"]);
+    assert_eq!(
+        release["summary"]["revision"], 2,
+        "revision of the upgrade: {}",
+        release["summary"]
+    );
     c.run_hooks(&release, "pre-upgrade");
     c.run_hooks(&release, "post-upgrade");
     c.start_webhook();
@@ -626,8 +809,22 @@ fn hami_settings_after_upgrade(c: &mut Cluster) {
         ),
         &[],
     );
-    assert_eq!(env_of(&p, 0).get("GPU_CORE_UTILIZATION_POLICY").map(String::as_str), Some("force"), "{}", all_text(&p));
-    assert_eq!(env_of(&p, 1).get("NVIDIA_VISIBLE_DEVICES").map(String::as_str), Some("none"), "{}", all_text(&p));
+    assert_eq!(
+        env_of(&p, 0)
+            .get("GPU_CORE_UTILIZATION_POLICY")
+            .map(String::as_str),
+        Some("force"),
+        "{}",
+        all_text(&p)
+    );
+    assert_eq!(
+        env_of(&p, 1)
+            .get("NVIDIA_VISIBLE_DEVICES")
+            .map(String::as_str),
+        Some("none"),
+        "{}",
+        all_text(&p)
+    );
 }
 
 /// Reinvocation: a second mutating webhook (called after ours: configurations run in name order)
@@ -638,7 +835,19 @@ fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=second-webhook"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=second-webhook",
+        ])
         .arg("-addext")
         .arg(format!("subjectAltName=IP:{}", c.host_ip))
         .arg("-keyout")
@@ -662,11 +871,20 @@ fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
         .unwrap();
     std::fs::write(c.dir.join("pids/second-webhook"), child.id().to_string()).unwrap();
     let mut ready = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut ready).unwrap();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
     assert_eq!(ready.trim(), "serving");
     let ca_bundle = {
         let pem = std::fs::read(&cert).unwrap();
-        let mut b64 = Command::new("base64").arg("-w0").stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let mut b64 = Command::new("base64")
+            .arg("-w0")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
         b64.stdin.take().unwrap().write_all(&pem).unwrap();
         text(&b64.wait_with_output().unwrap().stdout)
     };
@@ -681,17 +899,45 @@ fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
             "objectSelector": {"matchLabels": {"second-webhook": "add-gpu-sidecar"}},
         }],
     }));
-    let mut p = pod("reinvoked", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
+    let mut p = pod(
+        "reinvoked",
+        json!({}),
+        json!([container("cuda", json!({"nvidia.com/gpu": 1}))]),
+    );
     p["metadata"]["labels"] = json!({"second-webhook": "add-gpu-sidecar"});
     let before = c.reviews();
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let (online, _) = c.create_pod(TENANT, &p).unwrap_or_else(|e| panic!("refused: {e}"));
-        let names: Vec<&str> = online["spec"]["containers"].as_array().unwrap().iter().filter_map(|x| x["name"].as_str()).collect();
-        assert_eq!(names, ["cuda", "gpu-sidecar"], "the second webhook did not run");
-        assert_eq!(c.reviews(), before + 2, "hami-limits' webhook was not reinvoked");
+        let (online, _) = c
+            .create_pod(TENANT, &p)
+            .unwrap_or_else(|e| panic!("refused: {e}"));
+        let names: Vec<&str> = online["spec"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|x| x["name"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["cuda", "gpu-sidecar"],
+            "the second webhook did not run"
+        );
+        assert_eq!(
+            c.reviews(),
+            before + 2,
+            "hami-limits' webhook was not reinvoked"
+        );
         // GPU_CORE_UTILIZATION_POLICY=force (set by the upgrade before) reached the added container.
-        assert_eq!(env_of(&online, 1).get("GPU_CORE_UTILIZATION_POLICY").map(String::as_str), Some("force"), "{online}");
-        c.ok(&["delete", "pod", "reinvoked", "-n", TENANT, "--wait=false"], None);
+        assert_eq!(
+            env_of(&online, 1)
+                .get("GPU_CORE_UTILIZATION_POLICY")
+                .map(String::as_str),
+            Some("force"),
+            "{online}"
+        );
+        c.ok(
+            &["delete", "pod", "reinvoked", "-n", TENANT, "--wait=false"],
+            None,
+        );
         // Offline: the pod as the second webhook leaves it.
         let mut both = p.clone();
         both["metadata"]["labels"] = json!({"second-webhook": "done"});
@@ -704,10 +950,22 @@ fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
         offline["metadata"]["namespace"] = json!(OFFLINE);
         let (stored, _) = c.create_pod(OFFLINE, &offline).unwrap();
         let mut differences = Vec::new();
-        diff("", &comparable(&online), &comparable(&stored), &mut differences);
-        assert!(differences.is_empty(), "reinvoked pod differs from offline:\n{}", differences.join("\n"));
+        diff(
+            "",
+            &comparable(&online),
+            &comparable(&stored),
+            &mut differences,
+        );
+        assert!(
+            differences.is_empty(),
+            "reinvoked pod differs from offline:\n{}",
+            differences.join("\n")
+        );
     }));
-    c.ok(&["delete", "mutatingwebhookconfiguration", "zz-second"], None);
+    c.ok(
+        &["delete", "mutatingwebhookconfiguration", "zz-second"],
+        None,
+    );
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(c.dir.join("pids/second-webhook"));
@@ -718,7 +976,11 @@ fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
 
 fn kai_gpu_memory(c: &mut Cluster) {
     let p = c.online_equals_offline(&kai_pod("kai-memory", json!({"gpu-memory": "3000"})), &[]);
-    assert!(all_text(&p).contains("3000m"), "no 3000m cap in {}", all_text(&p));
+    assert!(
+        all_text(&p).contains("3000m"),
+        "no 3000m cap in {}",
+        all_text(&p)
+    );
 }
 
 fn kai_gpu_fraction_basis_from_real_nodes(c: &mut Cluster) {
@@ -737,30 +999,63 @@ fn kai_gpu_fraction_basis_from_real_nodes(c: &mut Cluster) {
         let want = format!("{}m", smallest / 2);
         let fraction = kai_pod("probe", json!({"gpu-fraction": "0.5"}));
         // The webhook learns the basis from its watch of the real API server.
-        wait_for(&format!("the webhook's node watch to see {smallest} MiB"), Duration::from_secs(30), || {
-            let out = c.kubectl(&["create", "-n", TENANT, "--dry-run=server", "-o", "json", "-f", "-"], Some(&fraction.to_string()));
-            out.status.success() && text(&out.stdout).contains(&want)
-        });
+        wait_for(
+            &format!("the webhook's node watch to see {smallest} MiB"),
+            Duration::from_secs(30),
+            || {
+                let out = c.kubectl(
+                    &[
+                        "create",
+                        "-n",
+                        TENANT,
+                        "--dry-run=server",
+                        "-o",
+                        "json",
+                        "-f",
+                        "-",
+                    ],
+                    Some(&fraction.to_string()),
+                );
+                out.status.success() && text(&out.stdout).contains(&want)
+            },
+        );
         let list = c.ok(&["get", "nodes", "-o", "yaml"], None);
         let nodes_file = c.work.path().join("nodes.yaml");
         std::fs::write(&nodes_file, list).unwrap();
-        let p = c.online_equals_offline(&kai_pod(&format!("kai-fraction-{round}"), json!({"gpu-fraction": "0.5"})), &["--nodes", nodes_file.to_str().unwrap()]);
-        assert!(all_text(&p).contains(&want), "no {want} cap in {}", all_text(&p));
+        let p = c.online_equals_offline(
+            &kai_pod(
+                &format!("kai-fraction-{round}"),
+                json!({"gpu-fraction": "0.5"}),
+            ),
+            &["--nodes", nodes_file.to_str().unwrap()],
+        );
+        assert!(
+            all_text(&p).contains(&want),
+            "no {want} cap in {}",
+            all_text(&p)
+        );
     }
 }
 
 fn denials_as_kubectl_prints_them(c: &mut Cluster) {
     let cases = [
         (
-            kai_pod("bad-delivery", json!({"gpu-memory": "3000", "hami.io/limit-delivery": "carrier-pigeon"})),
+            kai_pod(
+                "bad-delivery",
+                json!({"gpu-memory": "3000", "hami.io/limit-delivery": "carrier-pigeon"}),
+            ),
             "hami.io/limit-delivery",
         ),
-        (kai_pod("bad-quantity", json!({"gpu-memory": "lots"})), "gpu-memory"),
+        (
+            kai_pod("bad-quantity", json!({"gpu-memory": "lots"})),
+            "gpu-memory",
+        ),
         (
             {
                 let mut p = kai_pod("shadow", json!({"gpu-memory": "3000"}));
                 p["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
-                p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
+                p["spec"]["containers"][0]["volumeMounts"] =
+                    json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
                 p
             },
             "/overrideEnv",
@@ -768,15 +1063,29 @@ fn denials_as_kubectl_prints_them(c: &mut Cluster) {
     ];
     for (p, field) in cases {
         let name = p["metadata"]["name"].as_str().unwrap().to_owned();
-        let err = c.create_pod(TENANT, &p).map(|_| ()).expect_err(&format!("{name} was admitted"));
+        let err = c
+            .create_pod(TENANT, &p)
+            .map(|_| ())
+            .expect_err(&format!("{name} was admitted"));
         assert!(
-            err.contains(&format!("admission webhook \"{WEBHOOK}\" denied the request")),
+            err.contains(&format!(
+                "admission webhook \"{WEBHOOK}\" denied the request"
+            )),
             "{name}: not denied by the webhook: {err}"
         );
-        assert!(err.contains(field), "{name}: the denial does not name {field}: {err}");
-        let offline = c.offline(&p, &[]).map(|_| ()).expect_err(&format!("{name}: mutate admitted it"));
+        assert!(
+            err.contains(field),
+            "{name}: the denial does not name {field}: {err}"
+        );
+        let offline = c
+            .offline(&p, &[])
+            .map(|_| ())
+            .expect_err(&format!("{name}: mutate admitted it"));
         let message = err.rsplit("denied the request: ").next().unwrap().trim();
-        assert!(offline.contains(message), "{name}: offline says {offline:?}, online {message:?}");
+        assert!(
+            offline.contains(message),
+            "{name}: offline says {offline:?}, online {message:?}"
+        );
     }
 }
 
@@ -786,14 +1095,21 @@ fn warnings_reach_the_client(c: &mut Cluster) {
     let mut p = kai_pod("no-basis", json!({"gpu-fraction": "0.25"}));
     p["spec"]["nodeSelector"] = json!({"pool": "nowhere"});
     let nodes = c.work.path().join("nodes.yaml");
-    let (_, offline) = c.offline(&p, &["--nodes", nodes.to_str().unwrap()]).expect("mutate admits it");
+    let (_, offline) = c
+        .offline(&p, &["--nodes", nodes.to_str().unwrap()])
+        .expect("mutate admits it");
     let warning = offline
         .lines()
         .find_map(|l| l.strip_prefix("warning: "))
         .unwrap_or_else(|| panic!("offline gave no warning: {offline:?}"))
         .to_owned();
-    let (_, stderr) = c.create_pod(TENANT, &p).unwrap_or_else(|e| panic!("refused: {e}"));
-    assert!(stderr.contains(&format!("Warning: {warning}")), "kubectl printed {stderr:?}, offline warned {warning:?}");
+    let (_, stderr) = c
+        .create_pod(TENANT, &p)
+        .unwrap_or_else(|e| panic!("refused: {e}"));
+    assert!(
+        stderr.contains(&format!("Warning: {warning}")),
+        "kubectl printed {stderr:?}, offline warned {warning:?}"
+    );
 }
 
 fn update_of_limits_key_denied(c: &mut Cluster) {
@@ -805,47 +1121,133 @@ fn update_of_limits_key_denied(c: &mut Cluster) {
         .find(|k| k.starts_with("limits.hami.io/"))
         .cloned()
         .unwrap_or_else(|| "limits.hami.io/cuda".to_owned());
-    let out = c.kubectl(&["annotate", "pod", "kai-memory", "-n", TENANT, "--overwrite", &format!("{key}=CUDA_DEVICE_MEMORY_LIMIT=99999m")], None);
+    let out = c.kubectl(
+        &[
+            "annotate",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "--overwrite",
+            &format!("{key}=CUDA_DEVICE_MEMORY_LIMIT=99999m"),
+        ],
+        None,
+    );
     assert!(!out.status.success(), "changing {key} was allowed");
     let err = text(&out.stderr);
-    assert!(err.contains(&format!("admission webhook \"update.hami-limits.hami.io\" denied the request")), "{err}");
+    assert!(
+        err.contains("admission webhook \"update.hami-limits.hami.io\" denied the request"),
+        "{err}"
+    );
     assert!(err.contains(&key), "the denial does not name {key}: {err}");
     // Other annotations of the same pod may change.
-    c.ok(&["annotate", "pod", "kai-memory", "-n", TENANT, "owner=team-a"], None);
+    c.ok(
+        &[
+            "annotate",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "owner=team-a",
+        ],
+        None,
+    );
 }
 
 fn cel_excludes_plain_pods(c: &mut Cluster) {
     let before = c.reviews();
     for i in 0..5 {
-        let p = pod(&format!("plain-{i}"), json!({}), json!([{"name": "app", "image": "localhost/hami-limits/workload:test", "resources": {"limits": {"cpu": "1"}}}]));
+        let p = pod(
+            &format!("plain-{i}"),
+            json!({}),
+            json!([{"name": "app", "image": "localhost/hami-limits/workload:test", "resources": {"limits": {"cpu": "1"}}}]),
+        );
         c.create_pod(TENANT, &p).unwrap();
-        c.ok(&["annotate", "pod", &format!("plain-{i}"), "-n", TENANT, "touched=yes"], None);
+        c.ok(
+            &[
+                "annotate",
+                "pod",
+                &format!("plain-{i}"),
+                "-n",
+                TENANT,
+                "touched=yes",
+            ],
+            None,
+        );
     }
-    assert_eq!(c.reviews(), before, "pods the CEL matchConditions exclude reached the webhook");
+    assert_eq!(
+        c.reviews(),
+        before,
+        "pods the CEL matchConditions exclude reached the webhook"
+    );
     // A GPU pod does reach it.
-    c.create_pod(TENANT, &pod("gpu-counted", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]))).unwrap();
+    c.create_pod(
+        TENANT,
+        &pod(
+            "gpu-counted",
+            json!({}),
+            json!([container("cuda", json!({"nvidia.com/gpu": 1}))]),
+        ),
+    )
+    .unwrap();
     assert_eq!(c.reviews(), before + 1);
 }
 
 fn edge_pods_never_made_invalid(c: &mut Cluster) {
     let long = "c".repeat(63);
-    let many: Vec<Value> = (0..150).map(|i| container(&format!("gpu-{i}"), json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))).collect();
-    let mut ours_volume = pod("ours-volume", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]));
+    let many: Vec<Value> = (0..150)
+        .map(|i| {
+            container(
+                &format!("gpu-{i}"),
+                json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}),
+            )
+        })
+        .collect();
+    let mut ours_volume = pod(
+        "ours-volume",
+        json!({}),
+        json!([container("cuda", json!({"nvidia.com/gpu": 1}))]),
+    );
     let mut kai_volume = kai_pod("kai-ours-volume", json!({"gpu-memory": "2000"}));
     let mut kai_env = kai_pod("kai-ours-env", json!({"gpu-memory": "2000"}));
     kai_env["spec"]["containers"][0]["env"] = json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1m"}, {"name": "LD_PRELOAD", "value": "/x.so"}]);
     let mut kai_mount = kai_pod("kai-ours-mount", json!({"gpu-memory": "2000"}));
     // Names and paths the webhook adds for KAI pods, taken from what it adds to a plain KAI pod.
     let reference = c.get("pod", Some(TENANT), "kai-memory");
-    let added_volumes: Vec<String> = reference["spec"]["volumes"].as_array().into_iter().flatten().filter_map(|v| v["name"].as_str()).filter(|n| !n.starts_with("kube-api-access")).map(str::to_owned).collect();
-    let added_mounts: Vec<String> = reference["spec"]["containers"][0]["volumeMounts"].as_array().into_iter().flatten().filter_map(|m| m["mountPath"].as_str()).filter(|p| !p.starts_with("/var/run/secrets")).map(str::to_owned).collect();
-    assert!(!added_volumes.is_empty() && !added_mounts.is_empty(), "the KAI pod got no volumes: {reference}");
+    let added_volumes: Vec<String> = reference["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .filter(|n| !n.starts_with("kube-api-access"))
+        .map(str::to_owned)
+        .collect();
+    let added_mounts: Vec<String> = reference["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["mountPath"].as_str())
+        .filter(|p| !p.starts_with("/var/run/secrets"))
+        .map(str::to_owned)
+        .collect();
+    assert!(
+        !added_volumes.is_empty() && !added_mounts.is_empty(),
+        "the KAI pod got no volumes: {reference}"
+    );
     kai_volume["spec"]["volumes"] = json!([{"name": added_volumes[0], "emptyDir": {}}]);
     ours_volume["spec"]["volumes"] = json!([{"name": added_volumes[0], "emptyDir": {}}]);
     kai_mount["spec"]["volumes"] = json!([{"name": "user", "emptyDir": {}}]);
-    kai_mount["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "user", "mountPath": added_mounts[0]}]);
+    kai_mount["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "user", "mountPath": added_mounts[0]}]);
     let cases = vec![
-        pod("long-name", json!({}), json!([container(&long, json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))])),
+        pod(
+            "long-name",
+            json!({}),
+            json!([container(
+                &long,
+                json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+            )]),
+        ),
         {
             let mut p = kai_pod("kai-long-name", json!({"gpu-memory": "2000"}));
             p["spec"]["containers"][0]["name"] = json!(long);
@@ -868,13 +1270,21 @@ fn edge_pods_never_made_invalid(c: &mut Cluster) {
             }
             // Denied offline: denied online by the webhook, with the same message.
             Err(offline) => {
-                let err = c.create_pod(TENANT, &p).map(|_| ()).expect_err(&format!("{name}: denied offline, admitted online"));
+                let err = c
+                    .create_pod(TENANT, &p)
+                    .map(|_| ())
+                    .expect_err(&format!("{name}: denied offline, admitted online"));
                 assert!(
-                    err.contains(&format!("admission webhook \"{WEBHOOK}\" denied the request")),
+                    err.contains(&format!(
+                        "admission webhook \"{WEBHOOK}\" denied the request"
+                    )),
                     "{name}: refused by the API server after our patch, not by the webhook:\n{err}"
                 );
                 let message = err.rsplit("denied the request: ").next().unwrap().trim();
-                assert!(offline.contains(message), "{name}: offline {offline:?}, online {message:?}");
+                assert!(
+                    offline.contains(message),
+                    "{name}: offline {offline:?}, online {message:?}"
+                );
                 outcomes.push(format!("{name}: denied by the webhook: {message}"));
             }
         }
@@ -892,23 +1302,60 @@ fn rbac_as_shipped(c: &mut Cluster) {
     assert!(ok.status.success(), "{}", text(&ok.stderr));
     for args in [["get", "pods", "-A"], ["get", "secrets", "-A"]] {
         let out = c.kubectl_as(&webhook, &args, None);
-        assert!(!out.status.success(), "the webhook's ServiceAccount may {}", args.join(" "));
-        assert!(text(&out.stderr).contains("Forbidden") || text(&out.stderr).contains("forbidden"), "{}", text(&out.stderr));
+        assert!(
+            !out.status.success(),
+            "the webhook's ServiceAccount may {}",
+            args.join(" ")
+        );
+        assert!(
+            text(&out.stderr).contains("Forbidden") || text(&out.stderr).contains("forbidden"),
+            "{}",
+            text(&out.stderr)
+        );
     }
     let out = c.kubectl_as(&webhook, &["label", "node", "gpu-a", "x=y"], None);
-    assert!(!out.status.success(), "the webhook's ServiceAccount may label nodes");
+    assert!(
+        !out.status.success(),
+        "the webhook's ServiceAccount may label nodes"
+    );
     // The device plugin's: every call it makes is allowed (checked with can-i), others refused.
     let dp = c.service_account_kubeconfig(NS, &format!("{PREFIX}-device-plugin"));
-    for (verb, resource) in [("get", "pods"), ("list", "pods"), ("watch", "pods"), ("patch", "pods"), ("get", "nodes"), ("patch", "nodes"), ("create", "events.events.k8s.io")] {
+    for (verb, resource) in [
+        ("get", "pods"),
+        ("list", "pods"),
+        ("watch", "pods"),
+        ("patch", "pods"),
+        ("get", "nodes"),
+        ("patch", "nodes"),
+        ("create", "events.events.k8s.io"),
+    ] {
         let out = c.kubectl_as(&dp, &["auth", "can-i", verb, resource, "-A"], None);
-        assert_eq!(text(&out.stdout).trim(), "yes", "the device plugin's ServiceAccount may not {verb} {resource}: {}", text(&out.stderr));
+        assert_eq!(
+            text(&out.stdout).trim(),
+            "yes",
+            "the device plugin's ServiceAccount may not {verb} {resource}: {}",
+            text(&out.stderr)
+        );
     }
-    for (verb, resource) in [("get", "secrets"), ("delete", "pods"), ("create", "pods"), ("delete", "nodes")] {
+    for (verb, resource) in [
+        ("get", "secrets"),
+        ("delete", "pods"),
+        ("create", "pods"),
+        ("delete", "nodes"),
+    ] {
         let out = c.kubectl_as(&dp, &["auth", "can-i", verb, resource, "-A"], None);
-        assert_eq!(text(&out.stdout).trim(), "no", "the device plugin's ServiceAccount may {verb} {resource}");
+        assert_eq!(
+            text(&out.stdout).trim(),
+            "no",
+            "the device plugin's ServiceAccount may {verb} {resource}"
+        );
     }
     let out = c.kubectl_as(&dp, &["get", "secrets", "-n", NS], None);
-    assert!(!out.status.success() && text(&out.stderr).contains("forbidden"), "{}", text(&out.stderr));
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("forbidden"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// failurePolicy as measured: with the webhook stopped, what a KAI pod, a HAMi pod and a plain pod
@@ -917,9 +1364,26 @@ fn failure_policy(c: &mut Cluster) {
     c.stop_webhook();
     let kinds = |tag: &str| {
         vec![
-            ("KAI", kai_pod(&format!("down-kai-{tag}"), json!({"gpu-memory": "3000"}))),
-            ("HAMi", pod(&format!("down-hami-{tag}"), json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1}))]))),
-            ("plain", pod(&format!("down-plain-{tag}"), json!({}), json!([{"name": "app", "image": "localhost/hami-limits/workload:test"}]))),
+            (
+                "KAI",
+                kai_pod(&format!("down-kai-{tag}"), json!({"gpu-memory": "3000"})),
+            ),
+            (
+                "HAMi",
+                pod(
+                    &format!("down-hami-{tag}"),
+                    json!({}),
+                    json!([container("cuda", json!({"nvidia.com/gpu": 1}))]),
+                ),
+            ),
+            (
+                "plain",
+                pod(
+                    &format!("down-plain-{tag}"),
+                    json!({}),
+                    json!([{"name": "app", "image": "localhost/hami-limits/workload:test"}]),
+                ),
+            ),
         ]
     };
     let measure = |tag: &str| -> Vec<(String, String, Duration)> {
@@ -929,8 +1393,16 @@ fn failure_policy(c: &mut Cluster) {
                 let start = Instant::now();
                 let outcome = match c.create_pod(TENANT, &p) {
                     Ok((stored, _)) => {
-                        let mutated = stored["spec"]["schedulerName"] == "hami-scheduler" || all_text(&stored).contains("CUDA_DEVICE_MEMORY_LIMIT");
-                        format!("admitted{}", if mutated { ", mutated" } else { ", not mutated" })
+                        let mutated = stored["spec"]["schedulerName"] == "hami-scheduler"
+                            || all_text(&stored).contains("CUDA_DEVICE_MEMORY_LIMIT");
+                        format!(
+                            "admitted{}",
+                            if mutated {
+                                ", mutated"
+                            } else {
+                                ", not mutated"
+                            }
+                        )
                     }
                     Err(e) => format!("refused: {}", e.trim()),
                 };
@@ -940,18 +1412,36 @@ fn failure_policy(c: &mut Cluster) {
     };
     let fail = measure("fail");
     for (kind, outcome, took) in &fail {
-        println!("failurePolicy=Fail, webhook down: {kind} pod: {outcome} ({} ms)", took.as_millis());
+        println!(
+            "failurePolicy=Fail, webhook down: {kind} pod: {outcome} ({} ms)",
+            took.as_millis()
+        );
     }
-    assert!(fail[0].1.starts_with("refused") && fail[0].1.contains("failed calling webhook"), "{fail:?}");
-    assert!(fail[1].1.starts_with("refused") && fail[1].1.contains("failed calling webhook"), "{fail:?}");
-    assert_eq!(fail[2].1, "admitted, not mutated", "plain pods never reach the webhook: {fail:?}");
+    assert!(
+        fail[0].1.starts_with("refused") && fail[0].1.contains("failed calling webhook"),
+        "{fail:?}"
+    );
+    assert!(
+        fail[1].1.starts_with("refused") && fail[1].1.contains("failed calling webhook"),
+        "{fail:?}"
+    );
+    assert_eq!(
+        fail[2].1, "admitted, not mutated",
+        "plain pods never reach the webhook: {fail:?}"
+    );
 
-    let release = c.helm("upgrade", Some(&operator_values(true, "Ignore").to_string()));
+    let release = c.helm(
+        "upgrade",
+        Some(&operator_values(true, "Ignore").to_string()),
+    );
     c.run_hooks(&release, "pre-upgrade");
     c.run_hooks(&release, "post-upgrade");
     let ignore = measure("ignore");
     for (kind, outcome, took) in &ignore {
-        println!("failurePolicy=Ignore, webhook down: {kind} pod: {outcome} ({} ms)", took.as_millis());
+        println!(
+            "failurePolicy=Ignore, webhook down: {kind} pod: {outcome} ({} ms)",
+            took.as_millis()
+        );
     }
     for (kind, outcome, _) in &ignore {
         assert_eq!(outcome, "admitted, not mutated", "{kind}: {ignore:?}");
@@ -963,17 +1453,31 @@ fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
     let ca = c.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"))["data"]["ca.crt"].clone();
     let release = c.helm("rollback", Some("1"));
     let revision = release["summary"]["revision"].as_i64().unwrap();
-    assert!(revision >= 4, "revision after the rollback: {}", release["summary"]);
+    assert!(
+        revision >= 4,
+        "revision after the rollback: {}",
+        release["summary"]
+    );
     let mwc = c.get("mutatingwebhookconfiguration", None, PREFIX);
     for w in mwc["webhooks"].as_array().unwrap() {
-        assert_eq!(w["clientConfig"]["caBundle"], ca, "caBundle of {} lost by the rollback (before the post-rollback hook)", w["name"]);
-        assert_eq!(w["failurePolicy"], "Fail", "the rollback restored revision 1's failurePolicy");
+        assert_eq!(
+            w["clientConfig"]["caBundle"], ca,
+            "caBundle of {} lost by the rollback (before the post-rollback hook)",
+            w["name"]
+        );
+        assert_eq!(
+            w["failurePolicy"], "Fail",
+            "the rollback restored revision 1's failurePolicy"
+        );
     }
     // Helm runs the hooks of the revision rolled back to.
     c.run_hooks(&release, "pre-rollback");
     c.run_hooks(&release, "post-rollback");
     c.start_webhook();
-    c.online_equals_offline(&kai_pod("after-rollback", json!({"gpu-memory": "1500"})), &[]);
+    c.online_equals_offline(
+        &kai_pod("after-rollback", json!({"gpu-memory": "1500"})),
+        &[],
+    );
 
     c.stop_webhook();
     let release = c.helm("uninstall", None);
@@ -986,12 +1490,43 @@ fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
         ("deployment", Some(NS), format!("{PREFIX}-webhook")),
         ("daemonset", Some(NS), format!("{PREFIX}-device-plugin")),
     ] {
-        assert!(!c.exists(kind, ns, &name), "{kind} {name} left behind by helm uninstall");
+        assert!(
+            !c.exists(kind, ns, &name),
+            "{kind} {name} left behind by helm uninstall"
+        );
     }
-    let left = c.ok(&["get", "clusterroles,clusterrolebindings,mutatingwebhookconfigurations", "-l", "app.kubernetes.io/instance=hl", "-o", "name"], None);
-    assert!(left.trim().is_empty(), "left behind by helm uninstall: {left}");
-    let left = c.ok(&["get", "all,secrets,configmaps,roles,rolebindings,serviceaccounts", "-n", NS, "-l", "app.kubernetes.io/instance=hl", "-o", "name"], None);
-    assert!(left.trim().is_empty(), "left behind in {NS} by helm uninstall: {left}");
+    let left = c.ok(
+        &[
+            "get",
+            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations",
+            "-l",
+            "app.kubernetes.io/instance=hl",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    assert!(
+        left.trim().is_empty(),
+        "left behind by helm uninstall: {left}"
+    );
+    let left = c.ok(
+        &[
+            "get",
+            "all,secrets,configmaps,roles,rolebindings,serviceaccounts",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/instance=hl",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    assert!(
+        left.trim().is_empty(),
+        "left behind in {NS} by helm uninstall: {left}"
+    );
 }
 
 const GPU_A: &str = "GPU-11111111-aaaa-4000-8000-000000000001";
@@ -999,7 +1534,13 @@ const DP_NODE: &str = "gpu-dp";
 
 /// `curl` as the admin, for API calls kubectl has no verb for (bindings, preconditioned patches):
 /// the HTTP status and the body.
-fn api_call(c: &Cluster, method: &str, path: &str, content_type: &str, body: &Value) -> (u16, Value) {
+fn api_call(
+    c: &Cluster,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &Value,
+) -> (u16, Value) {
     let port = std::fs::read_to_string(c.dir.join("apiserver-port")).unwrap();
     let out = Command::new("curl")
         .args(["-s", "-w", "\n%{http_code}", "-X", method, "-H"])
@@ -1017,7 +1558,10 @@ fn api_call(c: &Cluster, method: &str, path: &str, content_type: &str, body: &Va
         .unwrap();
     let out = text(&out.stdout);
     let (body, code) = out.rsplit_once('\n').unwrap();
-    (code.trim().parse().unwrap(), serde_json::from_str(body).unwrap_or(Value::Null))
+    (
+        code.trim().parse().unwrap(),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
 }
 
 /// The device plugin's API side, real: `hami-device-plugin run` (inventory file, the chart's
@@ -1035,9 +1579,16 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
     std::fs::create_dir_all(&kubelet_dir).unwrap();
     std::fs::create_dir_all(hook.join("vgpu")).unwrap();
     let inventory = dir.join("inventory.yaml");
-    std::fs::write(&inventory, format!("- uuid: {GPU_A}\n  name: NVIDIA H200\n  memoryMib: 143771\n  numaNode: 0\n")).unwrap();
+    std::fs::write(
+        &inventory,
+        format!("- uuid: {GPU_A}\n  name: NVIDIA H200\n  memoryMib: 143771\n  numaNode: 0\n"),
+    )
+    .unwrap();
     c.apply(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": DP_NODE, "labels": {"gpu": "on"}}}));
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let kubelet = rt.block_on(FakeKubelet::start(&kubelet_dir)).unwrap();
     let kubeconfig = c.service_account_kubeconfig(NS, &format!("{PREFIX}-device-plugin"));
     let log = std::fs::File::create(c.dir.join("logs/hami-device-plugin.log")).unwrap();
@@ -1057,14 +1608,27 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
         .stderr(log)
         .spawn()
         .unwrap();
-    std::fs::write(c.dir.join("pids/hami-device-plugin"), plugin.id().to_string()).unwrap();
+    std::fs::write(
+        c.dir.join("pids/hami-device-plugin"),
+        plugin.id().to_string(),
+    )
+    .unwrap();
     let result = catch_unwind(AssertUnwindSafe(|| {
-        rt.block_on(kubelet.wait_for_registration(1, Duration::from_secs(30))).unwrap_or_else(|e| {
-            panic!("no registration: {e}; log: {}", std::fs::read_to_string(c.dir.join("logs/hami-device-plugin.log")).unwrap_or_default())
-        });
-        wait_for("the node-register annotation on the real Node", Duration::from_secs(30), || {
-            c.get("node", None, DP_NODE)["metadata"]["annotations"]["hami.io/node-nvidia-register"].is_string()
-        });
+        rt.block_on(kubelet.wait_for_registration(1, Duration::from_secs(30)))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "no registration: {e}; log: {}",
+                    std::fs::read_to_string(c.dir.join("logs/hami-device-plugin.log"))
+                        .unwrap_or_default()
+                )
+            });
+        wait_for(
+            "the node-register annotation on the real Node",
+            Duration::from_secs(30),
+            || {
+                c.get("node", None, DP_NODE)["metadata"]["annotations"]["hami.io/node-nvidia-register"].is_string()
+            },
+        );
         // A HAMi pod, admitted by the real webhook.
         let (stored, _) = c
             .create_pod(TENANT, &pod("dp-pod", json!({}), json!([container("cuda", json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}))])))
@@ -1072,17 +1636,69 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
         let uid = stored["metadata"]["uid"].as_str().unwrap().to_owned();
         // The HAMi scheduler: node lock, device annotations, bind-phase, then a Binding (the real
         // API server refuses spec.nodeName in a patch).
-        let devices = PodDevices::from_containers(&[vec![ContainerDevice { uuid: GPU_A.into(), kind: "NVIDIA".into(), memory_mib: 3000, cores: 30, extra: vec![] }]]).encode();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
-        c.ok(&["annotate", "node", DP_NODE, "--overwrite", &format!("hami.io/mutex.lock={},{TENANT},dp-pod", chrono_like(now))], None);
-        c.ok(&["annotate", "pod", "dp-pod", "-n", TENANT, "--overwrite",
-            &format!("hami.io/vgpu-node={DP_NODE}"), &format!("hami.io/vgpu-time={now}"),
-            &format!("hami.io/vgpu-devices-to-allocate={devices}"), &format!("hami.io/vgpu-devices-allocated={devices}"),
-            "hami.io/bind-phase=allocating", &format!("hami.io/bind-time={now}")], None);
-        let refused = c.kubectl(&["patch", "pod", "dp-pod", "-n", TENANT, "--type=merge", "-p", &json!({"spec": {"nodeName": DP_NODE}}).to_string()], None);
-        assert!(!refused.status.success(), "the real API server let a patch set spec.nodeName");
-        let (code, body) = api_call(c, "POST", &format!("/api/v1/namespaces/{TENANT}/pods/dp-pod/binding"), "application/json",
-            &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "dp-pod"}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}));
+        let devices = PodDevices::from_containers(&[vec![ContainerDevice {
+            uuid: GPU_A.into(),
+            kind: "NVIDIA".into(),
+            memory_mib: 3000,
+            cores: 30,
+            extra: vec![],
+        }]])
+        .encode();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        c.ok(
+            &[
+                "annotate",
+                "node",
+                DP_NODE,
+                "--overwrite",
+                &format!("hami.io/mutex.lock={},{TENANT},dp-pod", chrono_like(now)),
+            ],
+            None,
+        );
+        c.ok(
+            &[
+                "annotate",
+                "pod",
+                "dp-pod",
+                "-n",
+                TENANT,
+                "--overwrite",
+                &format!("hami.io/vgpu-node={DP_NODE}"),
+                &format!("hami.io/vgpu-time={now}"),
+                &format!("hami.io/vgpu-devices-to-allocate={devices}"),
+                &format!("hami.io/vgpu-devices-allocated={devices}"),
+                "hami.io/bind-phase=allocating",
+                &format!("hami.io/bind-time={now}"),
+            ],
+            None,
+        );
+        let refused = c.kubectl(
+            &[
+                "patch",
+                "pod",
+                "dp-pod",
+                "-n",
+                TENANT,
+                "--type=merge",
+                "-p",
+                &json!({"spec": {"nodeName": DP_NODE}}).to_string(),
+            ],
+            None,
+        );
+        assert!(
+            !refused.status.success(),
+            "the real API server let a patch set spec.nodeName"
+        );
+        let (code, body) = api_call(
+            c,
+            "POST",
+            &format!("/api/v1/namespaces/{TENANT}/pods/dp-pod/binding"),
+            "application/json",
+            &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "dp-pod"}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}),
+        );
         assert_eq!(code, 201, "binding: {body}");
         // kubelet's Allocate for the device the scheduler chose.
         let response = rt.block_on(async {
@@ -1090,30 +1706,174 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
             client.allocate(&[vec![format!("{GPU_A}-0")]]).await
         });
         let response = response.unwrap_or_else(|e| {
-            panic!("Allocate failed: {e}; log: {}", std::fs::read_to_string(c.dir.join("logs/hami-device-plugin.log")).unwrap_or_default())
+            panic!(
+                "Allocate failed: {e}; log: {}",
+                std::fs::read_to_string(c.dir.join("logs/hami-device-plugin.log"))
+                    .unwrap_or_default()
+            )
         });
-        let container = &response.container_responses[0];
-        assert!(container.mounts.iter().any(|m| m.container_path == "/overrideEnv" && m.read_only), "{container:?}");
-        let file = container.mounts.iter().find(|m| m.container_path == "/overrideEnv").unwrap().host_path.clone();
+        let answer = &response.container_responses[0];
+        assert!(
+            answer
+                .mounts
+                .iter()
+                .any(|m| m.container_path == "/overrideEnv" && m.read_only),
+            "{answer:?}"
+        );
+        let file = answer
+            .mounts
+            .iter()
+            .find(|m| m.container_path == "/overrideEnv")
+            .unwrap()
+            .host_path
+            .clone();
         let limits = std::fs::read_to_string(&file).unwrap();
-        assert!(limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=3000m"), "{limits}");
-        assert!(file.contains(&uid), "the limits file {file} is not the pod's");
+        assert!(
+            limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=3000m"),
+            "{limits}"
+        );
+        assert!(
+            file.contains(&uid),
+            "the limits file {file} is not the pod's"
+        );
         let after = c.get("pod", Some(TENANT), "dp-pod");
-        assert_eq!(after["metadata"]["annotations"]["hami.io/bind-phase"], "success", "{}", after["metadata"]["annotations"]);
+        assert_eq!(
+            after["metadata"]["annotations"]["hami.io/bind-phase"], "success",
+            "{}",
+            after["metadata"]["annotations"]
+        );
         let node = c.get("node", None, DP_NODE);
-        assert!(node["metadata"]["annotations"]["hami.io/mutex.lock"].is_null(), "the node lock was not released: {}", node["metadata"]["annotations"]);
+        assert!(
+            node["metadata"]["annotations"]["hami.io/mutex.lock"].is_null(),
+            "the node lock was not released: {}",
+            node["metadata"]["annotations"]
+        );
         // The server's optimistic concurrency, which the plugin's preconditioned patches rely on:
         // a patch with a stale resourceVersion is a 409 Conflict.
         let stale = stored["metadata"]["resourceVersion"].as_str().unwrap();
-        let (code, body) = api_call(c, "PATCH", &format!("/api/v1/namespaces/{TENANT}/pods/dp-pod"), "application/merge-patch+json",
-            &json!({"metadata": {"resourceVersion": stale, "annotations": {"hami.io/bind-phase": "failed"}}}));
+        let (code, body) = api_call(
+            c,
+            "PATCH",
+            &format!("/api/v1/namespaces/{TENANT}/pods/dp-pod"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"resourceVersion": stale, "annotations": {"hami.io/bind-phase": "failed"}}}),
+        );
         assert_eq!(code, 409, "stale patch: {body}");
-        let events = c.ok(&["get", "events.events.k8s.io", "-n", TENANT, "--field-selector", "regarding.name=dp-pod", "-o", "json"], None);
-        let events: Value = serde_json::from_str(&events).unwrap();
-        let reasons: Vec<String> = events["items"].as_array().unwrap().iter().filter_map(|e| e["reason"].as_str().map(str::to_owned)).collect();
-        println!("device plugin Events on the pod: {reasons:?}");
+        // A pod that bypassed the webhook (its namespace is excluded) with an invalid
+        // hami.io/limit-delivery: allocated with the node's setting and a Warning Event through
+        // events.k8s.io, as kube's Recorder writes it, allowed by the chart's RBAC.
+        let mut bad = pod(
+            "dp-bad",
+            json!({"hami.io/limit-delivery": "Env"}),
+            json!([container(
+                "cuda",
+                json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+            )]),
+        );
+        bad["metadata"]["namespace"] = json!(OFFLINE);
+        c.create_pod(OFFLINE, &bad).unwrap();
+        let devices = PodDevices::from_containers(&[vec![ContainerDevice {
+            uuid: GPU_A.into(),
+            kind: "NVIDIA".into(),
+            memory_mib: 1000,
+            cores: 0,
+            extra: vec![],
+        }]])
+        .encode();
+        c.ok(
+            &[
+                "annotate",
+                "node",
+                DP_NODE,
+                "--overwrite",
+                &format!("hami.io/mutex.lock={},{OFFLINE},dp-bad", chrono_like(now)),
+            ],
+            None,
+        );
+        c.ok(
+            &[
+                "annotate",
+                "pod",
+                "dp-bad",
+                "-n",
+                OFFLINE,
+                "--overwrite",
+                &format!("hami.io/vgpu-node={DP_NODE}"),
+                &format!("hami.io/vgpu-time={now}"),
+                &format!("hami.io/vgpu-devices-to-allocate={devices}"),
+                &format!("hami.io/vgpu-devices-allocated={devices}"),
+                "hami.io/bind-phase=allocating",
+                &format!("hami.io/bind-time={now}"),
+            ],
+            None,
+        );
+        let (code, body) = api_call(
+            c,
+            "POST",
+            &format!("/api/v1/namespaces/{OFFLINE}/pods/dp-bad/binding"),
+            "application/json",
+            &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "dp-bad"}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}),
+        );
+        assert_eq!(code, 201, "binding: {body}");
+        let response = rt.block_on(async {
+            let mut client = kubelet.plugin().await.unwrap();
+            client.allocate(&[vec![format!("{GPU_A}-1")]]).await
+        });
+        let response = response.unwrap_or_else(|e| panic!("Allocate failed: {e}"));
+        assert!(
+            response.container_responses[0]
+                .mounts
+                .iter()
+                .any(|m| m.container_path == "/overrideEnv")
+        );
+        let mut reasons = Vec::new();
+        wait_for(
+            "the InvalidLimitDelivery Event",
+            Duration::from_secs(15),
+            || {
+                let events = c.ok(
+                    &[
+                        "get",
+                        "events.events.k8s.io",
+                        "-n",
+                        OFFLINE,
+                        "--field-selector",
+                        "regarding.name=dp-bad",
+                        "-o",
+                        "json",
+                    ],
+                    None,
+                );
+                let events: Value = serde_json::from_str(&events).unwrap();
+                reasons = events["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|e| {
+                        Some((
+                            e["reason"].as_str()?.to_owned(),
+                            e["type"].as_str()?.to_owned(),
+                            e["reportingController"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .to_owned(),
+                        ))
+                    })
+                    .collect::<Vec<_>>();
+                // (The real scheduler reports too: this pod names the default scheduler.)
+                reasons.retain(|r| r.2 == "hami-device-plugin");
+                !reasons.is_empty()
+            },
+        );
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert_eq!(reasons[0].0, "InvalidLimitDelivery", "{reasons:?}");
+        assert_eq!(reasons[0].1, "Warning", "{reasons:?}");
+        println!("device plugin Event: {reasons:?}");
     }));
-    let _ = Command::new("kill").arg("-TERM").arg(plugin.id().to_string()).status();
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(plugin.id().to_string())
+        .status();
     let deadline = Instant::now() + Duration::from_secs(10);
     while plugin.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
@@ -1130,28 +1890,70 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
 
 /// RFC 3339 UTC seconds for UNIX time `t` (the node lock's time format).
 fn chrono_like(t: u64) -> String {
-    let out = Command::new("date").args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"]).output().unwrap();
+    let out = Command::new("date")
+        .args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .unwrap();
     text(&out.stdout).trim().to_owned()
 }
 
 type Case = (&'static str, fn(&mut Cluster));
 
 const CASES: &[Case] = &[
-    ("helm install, certgen hooks, caBundle, the Service reaches the host webhook", install),
-    ("HAMi pods: stored pod equals hami-webhook mutate", hami_pods),
-    ("helm upgrade: core policy and overwriteEnv reach stored pods", hami_settings_after_upgrade),
-    ("reinvocation: a second webhook adds a GPU container, ours is called again", reinvocation_with_a_second_webhook),
-    ("KAI gpu-memory: stored pod equals hami-webhook mutate", kai_gpu_memory),
-    ("KAI gpu-fraction: basis from real Node objects, changed through the API", kai_gpu_fraction_basis_from_real_nodes),
-    ("denials as kubectl prints them", denials_as_kubectl_prints_them),
+    (
+        "helm install, certgen hooks, caBundle, the Service reaches the host webhook",
+        install,
+    ),
+    (
+        "HAMi pods: stored pod equals hami-webhook mutate",
+        hami_pods,
+    ),
+    (
+        "helm upgrade: core policy and overwriteEnv reach stored pods",
+        hami_settings_after_upgrade,
+    ),
+    (
+        "reinvocation: a second webhook adds a GPU container, ours is called again",
+        reinvocation_with_a_second_webhook,
+    ),
+    (
+        "KAI gpu-memory: stored pod equals hami-webhook mutate",
+        kai_gpu_memory,
+    ),
+    (
+        "KAI gpu-fraction: basis from real Node objects, changed through the API",
+        kai_gpu_fraction_basis_from_real_nodes,
+    ),
+    (
+        "denials as kubectl prints them",
+        denials_as_kubectl_prints_them,
+    ),
     ("warnings reach the client", warnings_reach_the_client),
-    ("UPDATE of a limits.hami.io key is denied", update_of_limits_key_denied),
-    ("CEL matchConditions keep plain pods away from the webhook", cel_excludes_plain_pods),
-    ("edge pods are stored valid or denied by the webhook", edge_pods_never_made_invalid),
+    (
+        "UPDATE of a limits.hami.io key is denied",
+        update_of_limits_key_denied,
+    ),
+    (
+        "CEL matchConditions keep plain pods away from the webhook",
+        cel_excludes_plain_pods,
+    ),
+    (
+        "edge pods are stored valid or denied by the webhook",
+        edge_pods_never_made_invalid,
+    ),
     ("RBAC as shipped", rbac_as_shipped),
-    ("device plugin: pod watch, node lock, patches, Binding, Events against the real API server", device_plugin_against_the_real_api_server),
-    ("failurePolicy measured with the webhook down", failure_policy),
-    ("helm rollback keeps the caBundle, helm uninstall leaves nothing", rollback_keeps_ca_bundle_and_uninstall_leaves_nothing),
+    (
+        "device plugin: pod watch, node lock, patches, Binding, Events against the real API server",
+        device_plugin_against_the_real_api_server,
+    ),
+    (
+        "failurePolicy measured with the webhook down",
+        failure_policy,
+    ),
+    (
+        "helm rollback keeps the caBundle, helm uninstall leaves nothing",
+        rollback_keeps_ca_bundle_and_uninstall_leaves_nothing,
+    ),
 ];
 
 fn main() -> ExitCode {
@@ -1169,11 +1971,18 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("real_cluster: {e}");
-            let _ = Command::new(repo().join("scripts/cluster")).arg("down").env("HAMI_CLUSTER_DIR", &dir).status();
+            let _ = Command::new(repo().join("scripts/cluster"))
+                .arg("down")
+                .env("HAMI_CLUSTER_DIR", &dir)
+                .status();
             return ExitCode::FAILURE;
         }
     };
-    println!("real_cluster: control plane up in {:.1} s ({})", started.elapsed().as_secs_f64(), cluster.bin.display());
+    println!(
+        "real_cluster: control plane up in {:.1} s ({})",
+        started.elapsed().as_secs_f64(),
+        cluster.bin.display()
+    );
     let mut failed = Vec::new();
     let mut passed = 0;
     for (name, case) in CASES {
@@ -1182,13 +1991,19 @@ fn main() -> ExitCode {
         match result {
             Ok(()) => {
                 passed += 1;
-                println!("test {name} ... ok ({:.1} s)", start.elapsed().as_secs_f64());
+                println!(
+                    "test {name} ... ok ({:.1} s)",
+                    start.elapsed().as_secs_f64()
+                );
             }
             Err(_) => {
                 println!("test {name} ... FAILED");
                 failed.push(*name);
                 if *name == CASES[0].0 {
-                    println!("real_cluster: the install failed; the other {} cases need it and did not run", CASES.len() - 1);
+                    println!(
+                        "real_cluster: the install failed; the other {} cases need it and did not run",
+                        CASES.len() - 1
+                    );
                     break;
                 }
             }
@@ -1203,7 +2018,11 @@ fn main() -> ExitCode {
         }
     }
     let clean = cluster.down();
-    assert!(!dir.exists() || !clean, "scripts/cluster down left {}", dir.display());
+    assert!(
+        !dir.exists() || !clean,
+        "scripts/cluster down left {}",
+        dir.display()
+    );
     println!(
         "real_cluster: {passed} passed, {} failed, {} not run, in {:.1} s; cluster stopped: {clean}",
         failed.len(),
