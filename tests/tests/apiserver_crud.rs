@@ -336,3 +336,67 @@ async fn server_side_apply_creates_and_updates() {
     );
     assert_eq!(code, 400);
 }
+
+/// As the real kube-apiserver (seen in `tests/tests/real_cluster.rs`): `spec.nodeName` is set by a
+/// Binding, never by a patch; a second Binding is a 409 Conflict.
+#[tokio::test]
+async fn pods_are_bound_through_the_binding_subresource() {
+    let server = ApiServer::start().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let patched = pods
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nodeName": "n1"}})),
+        )
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = patched else {
+        panic!("{patched:?}")
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(status.message.contains("spec.nodeName"), "{status:?}");
+    let binding = |node: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+        })
+    };
+    let _: serde_json::Value = pods
+        .create_subresource("binding", "p", &PostParams::default(), &binding("n1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        pods.get("p")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .as_deref(),
+        Some("n1")
+    );
+    let again = pods
+        .create_subresource::<serde_json::Value, serde_json::Value>(
+            "binding",
+            "p",
+            &PostParams::default(),
+            &binding("n2"),
+        )
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = again else {
+        panic!("{again:?}")
+    };
+    assert_eq!(status.code, 409, "{status:?}");
+    assert!(
+        status.message.contains("already assigned to node \"n1\""),
+        "{status:?}"
+    );
+}

@@ -127,12 +127,20 @@ async fn schedule(
                 "hami.io/vgpu-devices-allocated": value,
                 "hami.io/bind-phase": "allocating",
                 "hami.io/bind-time": now,
-            }},
-            "spec": {"nodeName": NODE}
+            }}
         })),
     )
     .await
     .unwrap();
+    // The binding, as the scheduler makes it (spec.nodeName cannot be patched).
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}
+    });
+    let _: Value = pods
+        .create_subresource("binding", &name, &PostParams::default(), &binding)
+        .await
+        .unwrap();
 }
 
 fn run_args(hook: &Path, kubelet_dir: &Path, inventory: &Path) -> Command {

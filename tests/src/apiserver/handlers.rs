@@ -212,6 +212,9 @@ pub(crate) async fn dispatch(
                 }
                 (Method::GET, false) => list(&server, &p, &query, &headers),
                 (Method::POST, false) => create(&server, &p, &query, &body),
+                (Method::POST, true) if p.subresource.as_deref() == Some("binding") => {
+                    bind(&server, &p, &body)
+                }
                 (Method::PUT, true) => update(&server, &p, &body),
                 (Method::PATCH, true) => patch_object(&server, &p, &query, &headers, &body),
                 (Method::DELETE, true) => delete(&server, &p, &body),
@@ -568,6 +571,77 @@ fn create(
     Ok(object_response(StatusCode::CREATED, stored.bytes.clone()))
 }
 
+/// `POST pods/{name}/binding`: the one way to set `spec.nodeName` after creation (what the
+/// scheduler does). 201 with a Success Status; 409 when the pod is already bound.
+fn bind(server: &Shared, p: &ResourcePath, body: &[u8]) -> Result<Response, ApiError> {
+    require_namespace_scope(p)?;
+    if p.rt.kind != "Pod" {
+        return Err(ApiError::path_not_found());
+    }
+    let name = p.name.as_deref().unwrap_or_default();
+    let binding = parse_body(body)?;
+    let target = binding
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                p.rt,
+                name,
+                "target.name",
+                "Required value: a Binding names its node",
+            )
+        })?
+        .to_owned();
+    server.store().update(p.rt, ns(p), name, |old| {
+        if let Some(node) = old
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                p.rt,
+                name,
+                &format!("pod {name} is already assigned to node \"{node}\""),
+            ));
+        }
+        let mut new = old.clone();
+        new["spec"]["nodeName"] = json!(target);
+        Ok(new)
+    })?;
+    Ok(object_response(
+        StatusCode::CREATED,
+        serde_json::to_vec(&json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201
+        }))
+        .unwrap_or_default()
+        .into(),
+    ))
+}
+
+/// As the real API server: a pod's `spec.nodeName` never changes by update or patch (only
+/// through `binding`).
+fn check_pod_update(p: &ResourcePath, old: &Value, new: &Value) -> Result<(), ApiError> {
+    if p.rt.kind != "Pod" {
+        return Ok(());
+    }
+    let node = |v: &Value| {
+        v.pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    if node(old) != node(new) {
+        return Err(ApiError::invalid(
+            p.rt,
+            p.name.as_deref().unwrap_or_default(),
+            "spec",
+            "Forbidden: pod updates may not change spec.nodeName (a pod is bound through its binding subresource)",
+        ));
+    }
+    Ok(())
+}
+
 /// For resources with a status subresource: the main resource keeps the old status, the
 /// subresource keeps the old spec.
 fn restrict_to_subresource(p: &ResourcePath, status: bool, old: &Value, new: &mut Value) {
@@ -600,6 +674,7 @@ fn update(server: &Shared, p: &ResourcePath, body: &[u8]) -> Result<Response, Ap
     let stored = server.store().update(p.rt, ns(p), name, |old| {
         let mut new = obj;
         restrict_to_subresource(p, status, old, &mut new);
+        check_pod_update(p, old, &new)?;
         Ok(new)
     })?;
     Ok(object_response(StatusCode::OK, stored.bytes.clone()))
@@ -649,6 +724,7 @@ fn patch_object(
         // A patch that sets metadata.resourceVersion is conditional on it (checked by the store).
         patch::apply(kind, &mut new, body)?;
         restrict_to_subresource(p, status, old, &mut new);
+        check_pod_update(p, old, &new)?;
         defaults::on_update(p.rt, &mut new)?;
         Ok(new)
     })?;

@@ -330,12 +330,13 @@ impl Harness {
                         "hami.io/vgpu-devices-allocated": value,
                         "hami.io/bind-phase": "allocating",
                         "hami.io/bind-time": now.as_second().to_string(),
-                    }},
-                    "spec": {"nodeName": NODE}
+                    }}
                 })),
             )
             .await
             .unwrap();
+        // The binding, as the scheduler makes it (spec.nodeName cannot be patched).
+        bind(&self.pods(), &name, NODE).await;
     }
 
     /// kubelet's `Allocate` for one container with these device IDs.
@@ -372,6 +373,18 @@ impl Harness {
             .unwrap()
             .items
     }
+}
+
+/// `POST pods/{name}/binding` to `node`: how a scheduler sets `spec.nodeName`.
+pub async fn bind(pods: &Api<Pod>, name: &str, node: &str) {
+    let binding = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}
+    });
+    let _: Value = pods
+        .create_subresource("binding", name, &PostParams::default(), &binding)
+        .await
+        .unwrap();
 }
 
 pub fn annotation(pod: &Pod, key: &str) -> Option<String> {
