@@ -1897,6 +1897,39 @@ fn chrono_like(t: u64) -> String {
     text(&out.stdout).trim().to_owned()
 }
 
+/// Ctrl-C or SIGTERM (an interrupted `cargo test`, a CI timeout) stops the cluster too: a thread
+/// waits for either, runs `scripts/cluster down` (which stops the processes recorded in `pids/`,
+/// the webhook and device plugin included) and exits.
+fn stop_on_signal(dir: PathBuf) {
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut int), Ok(mut term)) = (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        });
+        eprintln!("real_cluster: interrupted; stopping the cluster");
+        let _ = Command::new(repo().join("scripts/cluster"))
+            .arg("down")
+            .env("HAMI_CLUSTER_DIR", &dir)
+            .status();
+        std::process::exit(130);
+    });
+}
+
 type Case = (&'static str, fn(&mut Cluster));
 
 const CASES: &[Case] = &[
@@ -1966,6 +1999,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let dir = std::env::temp_dir().join(format!("hami-real-cluster-{}", std::process::id()));
+    stop_on_signal(dir.clone());
     let started = Instant::now();
     let mut cluster = match Cluster::up(dir.clone()) {
         Ok(c) => c,
