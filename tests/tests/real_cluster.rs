@@ -259,6 +259,12 @@ impl Cluster {
         hooks.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         for (_, _, manifest) in &hooks {
             if manifest["kind"] == "Job" {
+                // The API server accepts the Job as rendered (server-side dry run), then its
+                // containers run here.
+                self.ok(
+                    &["create", "--dry-run=server", "-o", "name", "-f", "-"],
+                    Some(&manifest.to_string()),
+                );
                 self.run_job_here(manifest);
             } else {
                 self.apply(manifest);
@@ -1361,6 +1367,37 @@ fn rbac_as_shipped(c: &mut Cluster) {
 /// failurePolicy as measured: with the webhook stopped, what a KAI pod, a HAMi pod and a plain pod
 /// get with the chart's default (Fail) and with Ignore. Printed for the README.
 fn failure_policy(c: &mut Cluster) {
+    // Hung rather than down: the process stopped (SIGSTOP), so connections are accepted by the
+    // kernel and never answered. The API server gives up after the chart's timeoutSeconds (10).
+    let pid = c.webhook.as_ref().unwrap().id().to_string();
+    Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    let start = Instant::now();
+    let hung = c.create_pod(
+        TENANT,
+        &pod(
+            "hung-hami",
+            json!({}),
+            json!([container("cuda", json!({"nvidia.com/gpu": 1}))]),
+        ),
+    );
+    let took = start.elapsed();
+    Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+    let err = hung
+        .map(|_| ())
+        .expect_err("admitted while the webhook hung");
+    println!(
+        "failurePolicy=Fail, webhook hung: HAMi pod: refused after {} ms: {}",
+        took.as_millis(),
+        err.trim()
+    );
+    assert!(
+        err.contains("failed calling webhook") && err.contains(WEBHOOK),
+        "{err}"
+    );
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(20),
+        "refused after {took:?}, not at timeoutSeconds (10 s)"
+    );
     c.stop_webhook();
     let kinds = |tag: &str| {
         vec![
