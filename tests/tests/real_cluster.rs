@@ -1796,6 +1796,100 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
             &json!({"metadata": {"resourceVersion": stale, "annotations": {"hami.io/bind-phase": "failed"}}}),
         );
         assert_eq!(code, 409, "stale patch: {body}");
+        // Someone else patches the pod while Allocate reads and writes it (the plugin's patches
+        // carry the resourceVersion it read: a 409 from the real server means read again).
+        // The timing is varied per pod; whatever the interleaving, both writes must land.
+        for i in 0..4_u64 {
+            let name = format!("dp-race-{i}");
+            c.create_pod(
+                TENANT,
+                &pod(
+                    &name,
+                    json!({}),
+                    json!([container(
+                        "cuda",
+                        json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+                    )]),
+                ),
+            )
+            .unwrap();
+            let devices = PodDevices::from_containers(&[vec![ContainerDevice {
+                uuid: GPU_A.into(),
+                kind: "NVIDIA".into(),
+                memory_mib: 1000,
+                cores: 0,
+                extra: vec![],
+            }]])
+            .encode();
+            c.ok(
+                &[
+                    "annotate",
+                    "node",
+                    DP_NODE,
+                    "--overwrite",
+                    &format!("hami.io/mutex.lock={},{TENANT},{name}", chrono_like(now)),
+                ],
+                None,
+            );
+            c.ok(
+                &[
+                    "annotate",
+                    "pod",
+                    &name,
+                    "-n",
+                    TENANT,
+                    "--overwrite",
+                    &format!("hami.io/vgpu-node={DP_NODE}"),
+                    &format!("hami.io/vgpu-time={now}"),
+                    &format!("hami.io/vgpu-devices-to-allocate={devices}"),
+                    &format!("hami.io/vgpu-devices-allocated={devices}"),
+                    "hami.io/bind-phase=allocating",
+                    &format!("hami.io/bind-time={now}"),
+                ],
+                None,
+            );
+            let (code, body) = api_call(
+                c,
+                "POST",
+                &format!("/api/v1/namespaces/{TENANT}/pods/{name}/binding"),
+                "application/json",
+                &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}),
+            );
+            assert_eq!(code, 201, "binding: {body}");
+            let (other, allocated) = std::thread::scope(|scope| {
+                let other = scope.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(5 * i));
+                    api_call(
+                        c,
+                        "PATCH",
+                        &format!("/api/v1/namespaces/{TENANT}/pods/{name}"),
+                        "application/merge-patch+json",
+                        &json!({"metadata": {"annotations": {"other-writer": format!("w{i}")}}}),
+                    )
+                });
+                let allocated = rt.block_on(async {
+                    let mut client = kubelet.plugin().await.unwrap();
+                    client.allocate(&[vec![format!("{GPU_A}-{}", 2 + i)]]).await
+                });
+                (other.join().unwrap(), allocated)
+            });
+            assert_eq!(other.0, 200, "the other writer's patch: {}", other.1);
+            allocated
+                .unwrap_or_else(|e| panic!("{name}: Allocate failed beside another writer: {e}"));
+            let after = c.get("pod", Some(TENANT), &name);
+            let a = &after["metadata"]["annotations"];
+            assert_eq!(a["hami.io/bind-phase"], "success", "{name}: {a}");
+            assert_eq!(
+                a["other-writer"],
+                format!("w{i}").as_str(),
+                "{name}: the other writer's annotation was lost: {a}"
+            );
+            assert!(
+                c.get("node", None, DP_NODE)["metadata"]["annotations"]["hami.io/mutex.lock"]
+                    .is_null(),
+                "{name}: lock kept"
+            );
+        }
         // A pod that bypassed the webhook (its namespace is excluded) with an invalid
         // hami.io/limit-delivery: allocated with the node's setting and a Warning Event through
         // events.k8s.io, as kube's Recorder writes it, allowed by the chart's RBAC.
