@@ -1201,7 +1201,7 @@ fn cel_excludes_plain_pods(c: &mut Cluster) {
 
 fn edge_pods_never_made_invalid(c: &mut Cluster) {
     let long = "c".repeat(63);
-    let many: Vec<Value> = (0..150)
+    let many: Vec<Value> = (0..250)
         .map(|i| {
             container(
                 &format!("gpu-{i}"),
