@@ -129,6 +129,7 @@ pub async fn patch(
             .map_err(kube_err(format!("reading {what}")))?;
         let Some(updated) = webhook_config::with_ca_bundle(&current, &ca)? else {
             info!(config = %what, "caBundle already current");
+            own_secret(&secrets, secret_name, &current).await?;
             return Ok(PatchOutcome::Unchanged);
         };
         let webhooks = updated.webhooks.as_ref().map_or(0, Vec::len);
@@ -136,12 +137,46 @@ pub async fn patch(
             .replace(webhook_name, &post_params(), &updated)
             .await
         {
-            Ok(_) => {
+            Ok(written) => {
                 info!(config = %what, webhooks, "caBundle written");
+                own_secret(&secrets, secret_name, &written).await?;
                 return Ok(PatchOutcome::Patched { webhooks });
             }
             Err(e) if is_conflict(&e) => {
                 info!(config = %what, attempt, "configuration changed while patching; re-reading");
+            }
+            Err(e) => return Err(kube_err(format!("writing {what}"))(e)),
+        }
+    }
+    Err(CertgenError::Conflict {
+        action: format!("writing {what}"),
+        attempts: MAX_ATTEMPTS,
+    })
+}
+
+/// Makes the configuration an owner of the Secret (see [`webhook_config::secret_owned_by`]), so
+/// that `helm uninstall`, which deletes the configuration, leaves no Secret behind.
+async fn own_secret(
+    secrets: &Api<Secret>,
+    secret_name: &str,
+    config: &MutatingWebhookConfiguration,
+) -> Result<(), CertgenError> {
+    let what = format!("Secret {secret_name}");
+    for attempt in 1..=MAX_ATTEMPTS {
+        let secret = secrets
+            .get(secret_name)
+            .await
+            .map_err(kube_err(format!("reading {what}")))?;
+        let Some(updated) = webhook_config::secret_owned_by(&secret, config) else {
+            return Ok(());
+        };
+        match secrets.replace(secret_name, &post_params(), &updated).await {
+            Ok(_) => {
+                info!(secret = %what, "owned by the webhook configuration (deleted with it)");
+                return Ok(());
+            }
+            Err(e) if is_conflict(&e) => {
+                info!(secret = %what, attempt, "the Secret changed while setting its owner; re-reading");
             }
             Err(e) => return Err(kube_err(format!("writing {what}"))(e)),
         }

@@ -1517,6 +1517,17 @@ fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
     );
 
     c.stop_webhook();
+    let secret = c.get("secret", Some(NS), &format!("{PREFIX}-webhook-tls"));
+    let mwc_uid = c.get("mutatingwebhookconfiguration", None, PREFIX)["metadata"]["uid"].clone();
+    assert!(
+        secret["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|o| o["uid"] == mwc_uid),
+        "certgen's Secret is not owned by the webhook configuration: {}",
+        secret["metadata"]
+    );
     let release = c.helm("uninstall", None);
     let _ = release;
     for (kind, ns, name) in [
@@ -1532,6 +1543,13 @@ fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
             "{kind} {name} left behind by helm uninstall"
         );
     }
+    // certgen's Secret is not a chart object: certgen makes the webhook configuration its owner,
+    // so the garbage collector deletes it with the configuration.
+    wait_for(
+        "the certgen Secret to be garbage-collected with the webhook configuration",
+        Duration::from_secs(30),
+        || !c.exists("secret", Some(NS), &format!("{PREFIX}-webhook-tls")),
+    );
     let left = c.ok(
         &[
             "get",
