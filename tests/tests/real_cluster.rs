@@ -388,18 +388,8 @@ impl Cluster {
     }
 
     fn stop_webhook(&mut self) {
-        if let Some(mut child) = self.webhook.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = std::fs::remove_file(self.dir.join("pids/hami-webhook"));
+        if let Some(child) = self.webhook.take() {
+            stop_child(child, &self.dir.join("pids/hami-webhook"));
         }
     }
 
@@ -972,9 +962,7 @@ fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
         &["delete", "mutatingwebhookconfiguration", "zz-second"],
         None,
     );
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_file(c.dir.join("pids/second-webhook"));
+    stop_child(child, &c.dir.join("pids/second-webhook"));
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
@@ -1626,7 +1614,6 @@ fn api_call(
 /// its watch of this node's pods (field selector), writes the limits file, sets bind-phase and
 /// releases the lock with patches the real server accepts, and records an Event.
 fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
-    use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
     use hami_tests::kubelet::FakeKubelet;
 
     let dir = c.work.path().join("dp");
@@ -1647,7 +1634,7 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
     let kubelet = rt.block_on(FakeKubelet::start(&kubelet_dir)).unwrap();
     let kubeconfig = c.service_account_kubeconfig(NS, &format!("{PREFIX}-device-plugin"));
     let log = std::fs::File::create(c.dir.join("logs/hami-device-plugin.log")).unwrap();
-    let mut plugin = Command::new(binary("hami-device-plugin"))
+    let plugin = Command::new(binary("hami-device-plugin"))
         .arg("run")
         .arg("--inventory")
         .arg(&inventory)
@@ -1691,45 +1678,7 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
         let uid = stored["metadata"]["uid"].as_str().unwrap().to_owned();
         // The HAMi scheduler: node lock, device annotations, bind-phase, then a Binding (the real
         // API server refuses spec.nodeName in a patch).
-        let devices = PodDevices::from_containers(&[vec![ContainerDevice {
-            uuid: GPU_A.into(),
-            kind: "NVIDIA".into(),
-            memory_mib: 3000,
-            cores: 30,
-            extra: vec![],
-        }]])
-        .encode();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        c.ok(
-            &[
-                "annotate",
-                "node",
-                DP_NODE,
-                "--overwrite",
-                &format!("hami.io/mutex.lock={},{TENANT},dp-pod", chrono_like(now)),
-            ],
-            None,
-        );
-        c.ok(
-            &[
-                "annotate",
-                "pod",
-                "dp-pod",
-                "-n",
-                TENANT,
-                "--overwrite",
-                &format!("hami.io/vgpu-node={DP_NODE}"),
-                &format!("hami.io/vgpu-time={now}"),
-                &format!("hami.io/vgpu-devices-to-allocate={devices}"),
-                &format!("hami.io/vgpu-devices-allocated={devices}"),
-                "hami.io/bind-phase=allocating",
-                &format!("hami.io/bind-time={now}"),
-            ],
-            None,
-        );
+        schedule_as_hami(c, TENANT, "dp-pod", 3000, 30);
         let refused = c.kubectl(
             &[
                 "patch",
@@ -1747,14 +1696,7 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
             !refused.status.success(),
             "the real API server let a patch set spec.nodeName"
         );
-        let (code, body) = api_call(
-            c,
-            "POST",
-            &format!("/api/v1/namespaces/{TENANT}/pods/dp-pod/binding"),
-            "application/json",
-            &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "dp-pod"}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}),
-        );
-        assert_eq!(code, 201, "binding: {body}");
+        bind(c, TENANT, "dp-pod");
         // kubelet's Allocate for the device the scheduler chose.
         let response = rt.block_on(async {
             let mut client = kubelet.plugin().await.unwrap();
@@ -1831,49 +1773,8 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
                 ),
             )
             .unwrap();
-            let devices = PodDevices::from_containers(&[vec![ContainerDevice {
-                uuid: GPU_A.into(),
-                kind: "NVIDIA".into(),
-                memory_mib: 1000,
-                cores: 0,
-                extra: vec![],
-            }]])
-            .encode();
-            c.ok(
-                &[
-                    "annotate",
-                    "node",
-                    DP_NODE,
-                    "--overwrite",
-                    &format!("hami.io/mutex.lock={},{TENANT},{name}", chrono_like(now)),
-                ],
-                None,
-            );
-            c.ok(
-                &[
-                    "annotate",
-                    "pod",
-                    &name,
-                    "-n",
-                    TENANT,
-                    "--overwrite",
-                    &format!("hami.io/vgpu-node={DP_NODE}"),
-                    &format!("hami.io/vgpu-time={now}"),
-                    &format!("hami.io/vgpu-devices-to-allocate={devices}"),
-                    &format!("hami.io/vgpu-devices-allocated={devices}"),
-                    "hami.io/bind-phase=allocating",
-                    &format!("hami.io/bind-time={now}"),
-                ],
-                None,
-            );
-            let (code, body) = api_call(
-                c,
-                "POST",
-                &format!("/api/v1/namespaces/{TENANT}/pods/{name}/binding"),
-                "application/json",
-                &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}),
-            );
-            assert_eq!(code, 201, "binding: {body}");
+            schedule_as_hami(c, TENANT, &name, 1000, 0);
+            bind(c, TENANT, &name);
             let (other, allocated) = std::thread::scope(|scope| {
                 let other = scope.spawn(|| {
                     std::thread::sleep(Duration::from_millis(5 * i));
@@ -1921,49 +1822,8 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
         );
         bad["metadata"]["namespace"] = json!(OFFLINE);
         c.create_pod(OFFLINE, &bad).unwrap();
-        let devices = PodDevices::from_containers(&[vec![ContainerDevice {
-            uuid: GPU_A.into(),
-            kind: "NVIDIA".into(),
-            memory_mib: 1000,
-            cores: 0,
-            extra: vec![],
-        }]])
-        .encode();
-        c.ok(
-            &[
-                "annotate",
-                "node",
-                DP_NODE,
-                "--overwrite",
-                &format!("hami.io/mutex.lock={},{OFFLINE},dp-bad", chrono_like(now)),
-            ],
-            None,
-        );
-        c.ok(
-            &[
-                "annotate",
-                "pod",
-                "dp-bad",
-                "-n",
-                OFFLINE,
-                "--overwrite",
-                &format!("hami.io/vgpu-node={DP_NODE}"),
-                &format!("hami.io/vgpu-time={now}"),
-                &format!("hami.io/vgpu-devices-to-allocate={devices}"),
-                &format!("hami.io/vgpu-devices-allocated={devices}"),
-                "hami.io/bind-phase=allocating",
-                &format!("hami.io/bind-time={now}"),
-            ],
-            None,
-        );
-        let (code, body) = api_call(
-            c,
-            "POST",
-            &format!("/api/v1/namespaces/{OFFLINE}/pods/dp-bad/binding"),
-            "application/json",
-            &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "dp-bad"}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}),
-        );
-        assert_eq!(code, 201, "binding: {body}");
+        schedule_as_hami(c, OFFLINE, "dp-bad", 1000, 0);
+        bind(c, OFFLINE, "dp-bad");
         let response = rt.block_on(async {
             let mut client = kubelet.plugin().await.unwrap();
             client.allocate(&[vec![format!("{GPU_A}-1")]]).await
@@ -2019,22 +1879,76 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
         assert_eq!(reasons[0].1, "Warning", "{reasons:?}");
         println!("device plugin Event: {reasons:?}");
     }));
-    let _ = Command::new("kill")
-        .arg("-TERM")
-        .arg(plugin.id().to_string())
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while plugin.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = plugin.kill();
-    let _ = plugin.wait();
-    let _ = std::fs::remove_file(c.dir.join("pids/hami-device-plugin"));
+    stop_child(plugin, &c.dir.join("pids/hami-device-plugin"));
     drop(kubelet);
     drop(rt);
     if let Err(e) = result {
         std::panic::resume_unwind(e);
     }
+}
+
+/// The HAMi scheduler's annotations for one container on one share of GPU_A (`mib` MiB, `cores`
+/// %) on DP_NODE: the node lock, the device lists, `bind-phase: allocating`.
+fn schedule_as_hami(c: &Cluster, ns: &str, name: &str, mib: u64, cores: u32) {
+    use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
+    let devices = PodDevices::from_containers(&[vec![ContainerDevice {
+        uuid: GPU_A.into(),
+        kind: "NVIDIA".into(),
+        memory_mib: mib,
+        cores,
+        extra: vec![],
+    }]])
+    .encode();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let lock = format!("hami.io/mutex.lock={},{ns},{name}", chrono_like(now));
+    c.ok(&["annotate", "node", DP_NODE, "--overwrite", &lock], None);
+    c.ok(
+        &[
+            "annotate",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "--overwrite",
+            &format!("hami.io/vgpu-node={DP_NODE}"),
+            &format!("hami.io/vgpu-time={now}"),
+            &format!("hami.io/vgpu-devices-to-allocate={devices}"),
+            &format!("hami.io/vgpu-devices-allocated={devices}"),
+            "hami.io/bind-phase=allocating",
+            &format!("hami.io/bind-time={now}"),
+        ],
+        None,
+    );
+}
+
+/// A real Binding of the pod to DP_NODE (the one way to set spec.nodeName).
+fn bind(c: &Cluster, ns: &str, name: &str) {
+    let (code, body) = api_call(
+        c,
+        "POST",
+        &format!("/api/v1/namespaces/{ns}/pods/{name}/binding"),
+        "application/json",
+        &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": {"apiVersion": "v1", "kind": "Node", "name": DP_NODE}}),
+    );
+    assert_eq!(code, 201, "binding {ns}/{name}: {body}");
+}
+
+/// SIGTERM, up to 10 s to exit, then SIGKILL; the PID file `scripts/cluster down` would use goes.
+fn stop_child(mut child: Child, pid_file: &Path) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_file(pid_file);
 }
 
 /// RFC 3339 UTC seconds for UNIX time `t` (the node lock's time format).
