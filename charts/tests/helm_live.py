@@ -11,14 +11,18 @@ Usage: helm_live.py KUBECONFIG ACTION RELEASE NAMESPACE [ARG]
 
 Prints the release as Helm stores it (hooks included; `get all`), or the history, as JSON on stdout. Used by tests/tests/real_cluster.rs.
 
-Hooks are off (Helm's --no-hooks): the chart's certgen Jobs need a node to run on, and the control
-plane of these tests has none; the test runs `hami-certgen create` and `patch` itself, on the host,
-with the hook ServiceAccount's token, where the pre- and post- hooks would run.
+Hooks are off (Helm's --no-hooks) unless HAMI_HELM_HOOKS=1: the chart's certgen Jobs need a node to
+run on, and the control plane of tests/tests/real_cluster.rs has none; that test runs
+`hami-certgen create` and `patch` itself, on the host, with the hook ServiceAccount's token, where
+the pre- and post- hooks would run. With a node (`scripts/cluster up --with-chart`,
+tests/tests/real_node.rs) HAMI_HELM_HOOKS=1 runs them as Helm does: each hook Job on the node, Helm
+waiting for it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -39,12 +43,13 @@ def main() -> int:
         return 2
     kubeconfig, action, release, namespace = sys.argv[1:5]
     arg = sys.argv[5] if len(sys.argv) > 5 else None
+    hooks = os.environ.get("HAMI_HELM_HOOKS") == "1"
     try:
         with helm.Config(kubeconfig_path=kubeconfig, namespace=namespace) as cfg:
             if action in ("install", "upgrade"):
                 values = json.loads(arg or "{}")
                 with helm.Chart.load(CHART) as chart:
-                    common = dict(namespace=namespace, timeout_seconds=TIMEOUT, disable_hooks=True)
+                    common = dict(namespace=namespace, timeout_seconds=TIMEOUT, disable_hooks=not hooks)
                     if action == "install":
                         opts = _opts(create_namespace=True, **common)
                     else:
@@ -66,7 +71,7 @@ def main() -> int:
                     "helm_rollback",
                     cfg._raw(),
                     release,
-                    _opts(version=int(arg or "0"), timeout_seconds=TIMEOUT, disable_hooks=True),
+                    _opts(version=int(arg or "0"), timeout_seconds=TIMEOUT, disable_hooks=not hooks),
                 )
                 print(json.dumps(cfg.get_all(release)))
             elif action == "uninstall":
@@ -74,7 +79,7 @@ def main() -> int:
                     "helm_uninstall",
                     cfg._raw(),
                     release,
-                    _opts(timeout_seconds=TIMEOUT, disable_hooks=True),
+                    _opts(timeout_seconds=TIMEOUT, disable_hooks=not hooks),
                 )
                 print(out)
             elif action == "history":
