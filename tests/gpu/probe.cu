@@ -3,11 +3,16 @@
 //   granted|refused total=<MiB> free=<MiB> err=<error name>
 // where total and free are what the process sees before the allocation (HAMi-core reports its
 // cap as the total). Exit 0 whatever the answer; 2 when CUDA cannot start at all.
+// A third argument HOLD (seconds, runtime API only) keeps a granted allocation that long before
+// freeing it (tests/gpu/node-probe.sh: two processes of one container share one cap).
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+static unsigned hold_seconds = 0;
 
 static int runtime_api(size_t bytes) {
   cudaError_t e = cudaSetDevice(0);
@@ -22,6 +27,8 @@ static int runtime_api(size_t bytes) {
   e = cudaMalloc(&p, bytes);
   printf("%s total=%zu free=%zu err=%s\n", e == cudaSuccess ? "granted" : "refused",
          total_b >> 20, free_b >> 20, cudaGetErrorName(e));
+  fflush(stdout);
+  if (e == cudaSuccess && hold_seconds > 0) sleep(hold_seconds);
   if (e == cudaSuccess) cudaFree(p);
   return 0;
 }
@@ -53,10 +60,11 @@ static int driver_api(size_t bytes) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 3 || (strcmp(argv[1], "runtime") && strcmp(argv[1], "driver"))) {
-    fprintf(stderr, "usage: %s runtime|driver MIB\n", argv[0]);
+  if ((argc != 3 && argc != 4) || (strcmp(argv[1], "runtime") && strcmp(argv[1], "driver"))) {
+    fprintf(stderr, "usage: %s runtime|driver MIB [HOLD_SECONDS]\n", argv[0]);
     return 64;
   }
+  if (argc == 4) hold_seconds = (unsigned)strtoul(argv[3], NULL, 10);
   size_t bytes = (size_t)strtoull(argv[2], NULL, 10) << 20;
   return strcmp(argv[1], "runtime") == 0 ? runtime_api(bytes) : driver_api(bytes);
 }
