@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-/// kubelet keeps this file across restarts; everything else in the directory is removed.
+/// kubelet keeps this file across restarts; the other sockets of the directory are removed.
 const CHECKPOINT: &str = "kubelet_internal_checkpoint";
 
 /// Errors of the fake kubelet (and of a test's wait).
@@ -193,8 +193,34 @@ impl FakeKubelet {
             dialers: std::sync::Arc::default(),
             running: None,
         };
+        kubelet.cleanup_plugin_directory()?;
         kubelet.serve()?;
         Ok(kubelet)
+    }
+
+    /// What kubelet v1.34 does when its registration server starts (`CleanupPluginDirectory`,
+    /// seen on the real node of tests/tests/real_node.rs): every **socket** of the folder is
+    /// removed, the checkpoint kept; folders and other files stay.
+    fn cleanup_plugin_directory(&self) -> Result<(), KubeletError> {
+        use std::os::unix::fs::FileTypeExt;
+        let entries = std::fs::read_dir(&self.dir).map_err(|source| KubeletError::Io {
+            what: "read dir",
+            path: self.dir.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let is_socket = std::fs::metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+            if entry.file_name() == CHECKPOINT || !is_socket {
+                continue;
+            }
+            std::fs::remove_file(&path).map_err(|source| KubeletError::Io {
+                what: "remove",
+                path,
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     fn serve(&mut self) -> Result<(), KubeletError> {
@@ -305,27 +331,12 @@ impl FakeKubelet {
         Ok(state[n - 1].clone())
     }
 
-    /// Restarts like kubelet: stops serving, removes `kubelet.sock` and every plugin socket (all
-    /// files but the checkpoint), and serves again on a new `kubelet.sock`. Returns when the new
+    /// Restarts like kubelet: stops serving, removes `kubelet.sock` and every plugin socket (the
+    /// sockets of the folder; the checkpoint, folders and other files stay), and serves again on a new `kubelet.sock`. Returns when the new
     /// socket is listening (the instant to measure re-registration from).
     pub async fn restart(&mut self) -> Result<Instant, KubeletError> {
         self.shut_down().await;
-        let entries = std::fs::read_dir(&self.dir).map_err(|source| KubeletError::Io {
-            what: "read dir",
-            path: self.dir.clone(),
-            source,
-        })?;
-        for entry in entries.flatten() {
-            if entry.file_name() == CHECKPOINT {
-                continue;
-            }
-            let path = entry.path();
-            std::fs::remove_file(&path).map_err(|source| KubeletError::Io {
-                what: "remove",
-                path,
-                source,
-            })?;
-        }
+        self.cleanup_plugin_directory()?;
         self.generation += 1;
         self.serve()?;
         Ok(Instant::now())
