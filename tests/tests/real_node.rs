@@ -689,6 +689,29 @@ fn env_delivery_pod(n: &mut Node) {
     delete_pod(n, "hami-env");
 }
 
+/// A HAMi pod that mounts its own volume at /overrideEnv: the webhook admits it (the device
+/// plugin's Allocate adds the limits-file mount at the same path). Which mount wins is the
+/// runtime's doing; whatever it is, the pod must not run uncapped.
+fn own_mount_at_override_env(n: &mut Node) {
+    let mut p = hami_pod("own-mount", 1300, 13);
+    p["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
+    p["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
+    let out = n.create(&p);
+    if !out.status.success() {
+        println!("  refused at admission: {}", text(&out.stderr).trim());
+        return;
+    }
+    schedule_and_bind_as_hami(n, "own-mount", GPU_1, 1300, 13);
+    let ran = capped_or_not_running(n, "own-mount", "1300m");
+    let detail = n
+        .try_get("pod", TENANT, "own-mount")
+        .map(|p| p["status"]["containerStatuses"][0]["state"].to_string())
+        .unwrap_or_default();
+    println!("  a HAMi pod's own mount at /overrideEnv: ran capped: {ran} ({detail})");
+    delete_pod(n, "own-mount");
+}
+
 fn kubelet_restart(n: &mut Node) {
     let sock = Path::new("/var/lib/kubelet/device-plugins/nvidia-gpu.sock");
     assert!(
@@ -1102,6 +1125,10 @@ const CASES: &[Case] = &[
     (
         "hami.io/limit-delivery: env: no file, no mount",
         env_delivery_pod,
+    ),
+    (
+        "a HAMi pod's own mount at /overrideEnv: never uncapped",
+        own_mount_at_override_env,
     ),
     (
         "kubelet restarted: the plugin registers again",
