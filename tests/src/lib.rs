@@ -1,6 +1,8 @@
 //! Test support for hami-limits: an in-process Kubernetes API server ([`apiserver`]) that the real
-//! `kube` client talks to over HTTP, and a fake kubelet ([`kubelet`]) for device plugin tests.
+//! `kube` client talks to over HTTP, a fake kubelet ([`kubelet`]) for device plugin tests, and what
+//! the real-cluster tests share ([`real`]).
 
 pub mod apiserver;
 pub mod kubelet;
 pub mod module_graph;
+pub mod real;

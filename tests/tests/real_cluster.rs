@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use hami_tests::real::{rfc3339, text};
 use serde_json::{Value, json};
 
 const NS: &str = "hami-system";
@@ -73,10 +74,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 /// The control plane and what the tests started into it.
@@ -129,25 +126,7 @@ impl Cluster {
     }
 
     fn kubectl_as(&self, kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(input.as_bytes())
-                .unwrap();
-        }
-        drop(child.stdin.take());
-        child.wait_with_output().unwrap()
+        hami_tests::real::kubectl(&self.bin.join("kubectl"), kubeconfig, args, stdin).unwrap()
     }
 
     fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
@@ -1903,7 +1882,7 @@ fn schedule_as_hami(c: &Cluster, ns: &str, name: &str, mib: u64, cores: u32) {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let lock = format!("hami.io/mutex.lock={},{ns},{name}", chrono_like(now));
+    let lock = format!("hami.io/mutex.lock={},{ns},{name}", rfc3339(now).unwrap());
     c.ok(&["annotate", "node", DP_NODE, "--overwrite", &lock], None);
     c.ok(
         &[
@@ -1949,48 +1928,6 @@ fn stop_child(mut child: Child, pid_file: &Path) {
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_file(pid_file);
-}
-
-/// RFC 3339 UTC seconds for UNIX time `t` (the node lock's time format).
-fn chrono_like(t: u64) -> String {
-    let out = Command::new("date")
-        .args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .unwrap();
-    text(&out.stdout).trim().to_owned()
-}
-
-/// Ctrl-C or SIGTERM (an interrupted `cargo test`, a CI timeout) stops the cluster too: a thread
-/// waits for either, runs `scripts/cluster down` (which stops the processes recorded in `pids/`,
-/// the webhook and device plugin included) and exits.
-fn stop_on_signal(dir: PathBuf) {
-    std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) = (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        });
-        eprintln!("real_cluster: interrupted; stopping the cluster");
-        let _ = Command::new(repo().join("scripts/cluster"))
-            .arg("down")
-            .env("HAMI_CLUSTER_DIR", &dir)
-            .status();
-        std::process::exit(130);
-    });
 }
 
 type Case = (&'static str, fn(&mut Cluster));
@@ -2062,7 +1999,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let dir = std::env::temp_dir().join(format!("hami-real-cluster-{}", std::process::id()));
-    stop_on_signal(dir.clone());
+    hami_tests::real::stop_on_signal("real_cluster", repo().join("scripts/cluster"), dir.clone());
     let started = Instant::now();
     let mut cluster = match Cluster::up(dir.clone()) {
         Ok(c) => c,

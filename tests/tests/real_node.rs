@@ -22,12 +22,12 @@
     clippy::print_stderr
 )]
 
-use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use hami_tests::real::{rfc3339, text};
 use serde_json::{Value, json};
 
 const NS: &str = "hami-limits";
@@ -42,10 +42,6 @@ const VRAM_MIB: u64 = 143_771;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
 }
 
 fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
@@ -105,25 +101,13 @@ impl Node {
     }
 
     fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(self.dir.join("admin.kubeconfig"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(input.as_bytes())
-                .unwrap();
-        }
-        drop(child.stdin.take());
-        child.wait_with_output().unwrap()
+        hami_tests::real::kubectl(
+            &self.bin.join("kubectl"),
+            &self.dir.join("admin.kubeconfig"),
+            args,
+            stdin,
+        )
+        .unwrap()
     }
 
     fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
@@ -253,15 +237,6 @@ fn kai_pod(name: &str, annotations: Value) -> Value {
     p
 }
 
-/// RFC 3339 UTC seconds (the node lock's time format).
-fn rfc3339(t: u64) -> String {
-    let out = Command::new("date")
-        .args(["-u", "-d", &format!("@{t}"), "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .unwrap();
-    text(&out.stdout).trim().to_owned()
-}
-
 fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -281,7 +256,7 @@ fn schedule_and_bind_as_hami(n: &Node, name: &str, uuid: &str, mib: u64, cores: 
             "node",
             NODE,
             "--overwrite",
-            &format!("hami.io/mutex.lock={},{TENANT},{name}", rfc3339(t)),
+            &format!("hami.io/mutex.lock={},{TENANT},{name}", rfc3339(t).unwrap()),
         ],
         None,
     );
@@ -1075,36 +1050,6 @@ fn leftovers(dir: &Path, kubelet_dir_before: bool) -> Vec<String> {
     left
 }
 
-fn stop_on_signal(dir: PathBuf) {
-    std::thread::spawn(move || {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        rt.block_on(async {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut int), Ok(mut term)) = (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        });
-        eprintln!("real_node: interrupted; stopping the cluster");
-        let _ = Command::new(repo().join("scripts/cluster"))
-            .arg("down")
-            .env("HAMI_CLUSTER_DIR", &dir)
-            .status();
-        std::process::exit(130);
-    });
-}
-
 type Case = (&'static str, fn(&mut Node));
 
 const CASES: &[Case] = &[
@@ -1161,7 +1106,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let dir = std::env::temp_dir().join(format!("hami-real-node-{}", std::process::id()));
-    stop_on_signal(dir.clone());
+    hami_tests::real::stop_on_signal("real_node", repo().join("scripts/cluster"), dir.clone());
     let values = std::env::temp_dir().join(format!("hami-real-node-{}.json", std::process::id()));
     // The collector at test speed (interval 2 s, grace 1 s); everything else as scripts/cluster
     // installs it for people.
