@@ -531,6 +531,16 @@ fn chart_pods_run(n: &mut Node) {
         stub.windows(24).any(|w| w == b"hami_limits_libvgpu_stub"),
         "libvgpu.so is not the stand-in image's library"
     );
+    // The KAI hook folder (webhook.kai.hookPath, a folder of its own here) is filled by the hook
+    // installer alone, the same way.
+    let kai = n.dir.join("node/kai-hook/vgpu");
+    let kai_preload = std::fs::read_to_string(kai.join("ld.so.preload")).unwrap();
+    assert!(
+        kai_preload.lines().next().unwrap_or_default()
+            == kai.join("libhami_preload.so").display().to_string(),
+        "KAI ld.so.preload: {kai_preload}"
+    );
+    assert!(kai.join("libvgpu.so").is_file() && kai.join("libhami_preload.so").is_file());
     // Both DaemonSets: the hook installer (the KAI hook folder) and the plugin are Ready.
     for ds in ["device-plugin", "hook-installer"] {
         let d = n.get("daemonset", Some(NS), &format!("{PREFIX}-{ds}"));
@@ -625,6 +635,16 @@ fn kai_gpu_memory_pod(n: &mut Node) {
     bind(n, "kai-memory");
     wait_running(n, "kai-memory");
     assert_capped_inside(n, "kai-memory", &[("CUDA_DEVICE_MEMORY_LIMIT", "3000m")]);
+    // HAMi-core and the preload library come from the hook installer's folder.
+    let maps = n.exec_ok(
+        "kai-memory",
+        &["env", "-i", "/usr/bin/cat", "/proc/self/maps"],
+    );
+    assert!(
+        maps.contains("/node/kai-hook/vgpu/libvgpu.so")
+            && maps.contains("/node/kai-hook/vgpu/libhami_preload.so"),
+        "KAI pod's libraries not from the hook installer's folder:\n{maps}"
+    );
     delete_pod(n, "kai-memory");
 }
 
