@@ -684,27 +684,55 @@ fn env_delivery_pod(n: &mut Node) {
     delete_pod(n, "hami-env");
 }
 
-/// A HAMi pod that mounts its own volume at /overrideEnv: the webhook admits it (the device
-/// plugin's Allocate adds the limits-file mount at the same path). Which mount wins is the
-/// runtime's doing; whatever it is, the pod must not run uncapped.
+/// A HAMi pod that mounts its own volume where `Allocate` mounts the limits file or the preload
+/// list. On this node the pod's mount at the same path is applied after the device plugin's (a
+/// folder at /overrideEnv made runc fail: "not a directory"; a file would have replaced the
+/// limits), so the webhook refuses such pods, with its message as kubectl prints it.
 fn own_mount_at_override_env(n: &mut Node) {
-    let mut p = hami_pod("own-mount", 1300, 13);
-    p["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
-    p["spec"]["containers"][0]["volumeMounts"] =
-        json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
-    let out = n.create(&p);
-    if !out.status.success() {
-        println!("  refused at admission: {}", text(&out.stderr).trim());
-        return;
+    n.ok(
+        &[
+            "create",
+            "configmap",
+            "mine",
+            "-n",
+            TENANT,
+            "--from-literal=f=CUDA_DEVICE_MEMORY_LIMIT_0=100g",
+        ],
+        None,
+    );
+    for (volume, mount, path) in [
+        (
+            json!({"name": "mine", "emptyDir": {}}),
+            json!({"name": "mine", "mountPath": "/overrideEnv"}),
+            "/overrideEnv",
+        ),
+        (
+            json!({"name": "mine", "configMap": {"name": "mine"}}),
+            json!({"name": "mine", "mountPath": "/overrideEnv", "subPath": "f"}),
+            "/overrideEnv",
+        ),
+        (
+            json!({"name": "mine", "configMap": {"name": "mine"}}),
+            json!({"name": "mine", "mountPath": "/etc/ld.so.preload", "subPath": "f"}),
+            "/etc/ld.so.preload",
+        ),
+    ] {
+        let mut p = hami_pod("own-mount", 1300, 13);
+        p["spec"]["volumes"] = json!([volume]);
+        p["spec"]["containers"][0]["volumeMounts"] = json!([mount]);
+        let out = n.create(&p);
+        let err = text(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "a HAMi pod with its own mount at {path} was admitted"
+        );
+        assert!(
+            err.contains(r#"admission webhook "mutate.hami-limits.hami.io" denied the request"#)
+                && err.contains(&format!("({path}), where the device plugin mounts")),
+            "refusal of a mount at {path}: {err}"
+        );
     }
-    schedule_and_bind_as_hami(n, "own-mount", GPU_1, 1300, 13);
-    let ran = capped_or_not_running(n, "own-mount", "1300m");
-    let detail = n
-        .try_get("pod", TENANT, "own-mount")
-        .map(|p| p["status"]["containerStatuses"][0]["state"].to_string())
-        .unwrap_or_default();
-    println!("  a HAMi pod's own mount at /overrideEnv: ran capped: {ran} ({detail})");
-    delete_pod(n, "own-mount");
+    n.ok(&["delete", "configmap", "mine", "-n", TENANT], None);
 }
 
 fn kubelet_restart(n: &mut Node) {
@@ -1092,7 +1120,7 @@ const CASES: &[Case] = &[
         env_delivery_pod,
     ),
     (
-        "a HAMi pod's own mount at /overrideEnv: never uncapped",
+        "a HAMi pod's own mount at /overrideEnv or /etc/ld.so.preload: refused by the webhook",
         own_mount_at_override_env,
     ),
     (

@@ -6,7 +6,9 @@
 //! not `default`; a variable the container already sets is left alone (with a warning when it
 //! differs). The pod goes to the HAMi scheduler unless it names another scheduler, in which case it
 //! is not a HAMi pod and nothing is changed. A privileged GPU container sees every GPU of the node,
-//! so it is denied (configurable).
+//! so it is denied (configurable). A GPU container's own mount at `/overrideEnv` or
+//! `/etc/ld.so.preload` (where the device plugin mounts the limits file and the preload list) is
+//! denied: it would replace them.
 //!
 //! Two more of HAMi's webhook settings (HAMi v2.10.0 `pkg/device/nvidia/device.go`):
 //! `defaultGPUNum` (`mutateContainerResource`, lines 398-415): a container whose **limits** name
@@ -16,11 +18,13 @@
 //! KAI pods (`gpu-memory` / `gpu-fraction`: their GPUs come from another device plugin).
 
 use hami_shared::names::{
-    ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ENV_CUDA_TASK_PRIORITY,
-    ENV_GPU_CORE_UTILIZATION_POLICY, ENV_NVIDIA_VISIBLE_DEVICES,
+    ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ENV_CUDA_DISABLE_CONTROL,
+    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_NVIDIA_VISIBLE_DEVICES,
+    LD_SO_PRELOAD_PATH, OVERRIDE_ENV_PATH,
 };
 use hami_shared::values::{CorePolicy, TaskPriority};
 
+use crate::mountpath::resolve;
 use crate::mutation::{Denial, PodMutation};
 use crate::pod::{Container, ContainerRef, DEFAULT_SCHEDULER};
 use crate::settings::Settings;
@@ -28,8 +32,8 @@ use crate::settings::Settings;
 /// Apply HAMi's GPU-pod mutations.
 ///
 /// # Errors
-/// [`Denial`] for a privileged GPU container (when configured) or a priority limit that is not an
-/// integer.
+/// [`Denial`] for a privileged GPU container (when configured), a priority limit that is not an
+/// integer, or a GPU container's own mount at `/overrideEnv` or `/etc/ld.so.preload`.
 pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), Denial> {
     let pod = m.pod();
     let scheduler = pod.spec.scheduler_name.as_deref().unwrap_or("");
@@ -77,6 +81,7 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
             }
             m.warn(format!("{why}; its GPU limits cannot be enforced"));
         }
+        check_device_plugin_mounts(m, container)?;
         let priority_name = settings.nvidia.resource_priority_name.as_str();
         if let Some(raw) = container.limit(priority_name) {
             let priority: TaskPriority = raw.parse().map_err(|_| {
@@ -106,6 +111,36 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
     }
     if any_gpu && retarget {
         m.patch.set_scheduler_name(&settings.scheduler_name);
+    }
+    Ok(())
+}
+
+/// A GPU container may not mount its own volume where the device plugin's `Allocate` mounts the
+/// limits file (`/overrideEnv`) or the preload list (`/etc/ld.so.preload`; not when the container
+/// sets `CUDA_DISABLE_CONTROL=true`, which turns that mount off). On a real node (containerd 1.6,
+/// runc, `tests/tests/real_node.rs`) the pod's mount at the same path is applied after the device
+/// plugin's: a file there would replace the limits in every process (an empty one: no limit), and
+/// a folder makes the container fail to start. Paths are compared cleaned, as kubelet does.
+fn check_device_plugin_mounts(
+    m: &PodMutation<'_, '_>,
+    container: &Container<'_>,
+) -> Result<(), Denial> {
+    let preload_off = container
+        .env_var(ENV_CUDA_DISABLE_CONTROL)
+        .is_some_and(|e| e.value.as_deref() == Some("true"));
+    for mnt in container.volume_mounts.as_deref().unwrap_or_default() {
+        let path = resolve(&mnt.mount_path);
+        let what = if path == OVERRIDE_ENV_PATH {
+            "the limits file"
+        } else if path == LD_SO_PRELOAD_PATH && !preload_off {
+            "the preload list that loads HAMi-core"
+        } else {
+            continue;
+        };
+        return Err(m.deny(format_args!(
+            "container {:?} mounts volume {:?} at {:?} ({path}), where the device plugin mounts {what} on allocation: the container's mount would replace it; remove or move that mount",
+            container.name, mnt.name, mnt.mount_path
+        )));
     }
     Ok(())
 }

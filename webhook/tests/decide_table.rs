@@ -356,6 +356,80 @@ fn privileged_gpu_container_is_denied_or_warned() {
     assert_eq!(run(&r, &Settings::default()).outcome, Outcome::Patched);
 }
 
+/// Where the device plugin mounts the limits file and the preload list, a GPU container's own
+/// mount would win (seen on a real node: `tests/tests/real_node.rs`): denied, paths cleaned.
+#[test]
+fn gpu_container_mounts_where_the_device_plugin_mounts_are_denied() {
+    let mount = |path: &str| {
+        let mut r = fixture(HAMI_POD);
+        set(
+            &mut r,
+            "/spec/volumes",
+            json!([{"name": "mine", "configMap": {"name": "mine"}}]),
+        );
+        set(
+            &mut r,
+            "/spec/containers/0/volumeMounts",
+            json!([{"name": "mine", "mountPath": path, "subPath": "f"}]),
+        );
+        r
+    };
+    for (path, what) in [
+        ("/overrideEnv", "the limits file"),
+        ("/overrideEnv/", "the limits file"),
+        ("/tmp/../overrideEnv", "the limits file"),
+        (
+            "/etc/ld.so.preload",
+            "the preload list that loads HAMi-core",
+        ),
+        (
+            "//etc/./ld.so.preload",
+            "the preload list that loads HAMi-core",
+        ),
+    ] {
+        let clean = if what == "the limits file" {
+            "/overrideEnv"
+        } else {
+            "/etc/ld.so.preload"
+        };
+        assert_eq!(
+            denied(&mount(path), &Settings::default()),
+            format!(
+                r#"pod ml-team/infer-: container "infer" mounts volume "mine" at {path:?} ({clean}), where the device plugin mounts {what} on allocation: the container's mount would replace it; remove or move that mount"#
+            )
+        );
+    }
+    // Elsewhere (also /etc itself: the device plugin's deeper mount is applied on top of it).
+    for path in ["/etc", "/etc/config", "/overrideEnv.d", "/data/overrideEnv"] {
+        assert_eq!(
+            run(&mount(path), &Settings::default()).outcome,
+            Outcome::Patched,
+            "{path}"
+        );
+    }
+    // CUDA_DISABLE_CONTROL=true turns the preload-list mount off: the container may bring its own.
+    let mut r = mount("/etc/ld.so.preload");
+    set(
+        &mut r,
+        "/spec/containers/0/env",
+        json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
+    );
+    assert_eq!(run(&r, &Settings::default()).outcome, Outcome::Patched);
+    // A container without GPUs is none of our business.
+    let mut r = fixture(HAMI_POD);
+    set(
+        &mut r,
+        "/spec/volumes",
+        json!([{"name": "mine", "emptyDir": {}}]),
+    );
+    set(
+        &mut r,
+        "/spec/containers/1/volumeMounts",
+        json!([{"name": "mine", "mountPath": "/overrideEnv"}]),
+    );
+    assert_eq!(run(&r, &Settings::default()).outcome, Outcome::Patched);
+}
+
 #[test]
 fn priority_must_be_an_integer() {
     for bad in ["high", "1.5", "1k", "", " 1"] {
