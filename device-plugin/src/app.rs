@@ -12,7 +12,7 @@ use crate::allocation::config::ConfigError;
 use crate::allocation::pod_lookup::cache::PodCache;
 use crate::allocation::pod_lookup::locator::KubePendingPod;
 use crate::allocation::{collector, executor};
-use crate::api::{self, v1beta1};
+use crate::api;
 use crate::cli::{RunArgs, SourceArgs};
 use crate::devices::{DeviceTable, NoGpuError, SkippedGpu};
 use crate::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
@@ -463,14 +463,6 @@ pub async fn run_with_options(
         }
     }
     result.map_err(AppError::from)
-}
-
-/// The options a plugin with these settings announces (for tests and tools).
-pub fn plugin_options(settings: &PluginSettings) -> v1beta1::DevicePluginOptions {
-    v1beta1::DevicePluginOptions {
-        pre_start_required: false,
-        get_preferred_allocation_available: settings.preferred_allocation,
-    }
 }
 
 /// The `Allocate` handler `run` installs: the [`executor::Allocator`] with its settings from the

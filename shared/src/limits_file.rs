@@ -303,13 +303,6 @@ pub struct ParsedLimitsFile {
 }
 
 impl ParsedLimitsFile {
-    /// True when some line was skipped.
-    pub fn has_errors(&self) -> bool {
-        self.diagnostics
-            .iter()
-            .any(|d| d.severity == Severity::Error)
-    }
-
     /// True when there is nothing to report.
     pub fn is_clean(&self) -> bool {
         self.diagnostics.is_empty()

@@ -196,18 +196,6 @@ impl VramIndex {
         Self::default()
     }
 
-    /// Build from node metadata (a NodeList file, or a finished list).
-    pub fn from_nodes<'n>(nodes: impl IntoIterator<Item = &'n NodeMeta>) -> Self {
-        let mut index = Self::new();
-        for n in nodes {
-            index.upsert(
-                &n.name,
-                n.labels.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-            );
-        }
-        index
-    }
-
     /// Read a NodeList (`kubectl get nodes -o json`; a single Node or a plain array also work).
     ///
     /// # Errors
