@@ -73,9 +73,10 @@ pub fn decide_pod(
     vram: &dyn VramBasis,
 ) -> Decision {
     let mut m = PodMutation::new(pod, request_namespace);
-    let result = delivery::validate(&m)
-        .and_then(|()| hami::mutate(&mut m, settings))
-        .and_then(|()| kai::mutate(&mut m, &settings.kai, vram));
+    let result = delivery::validate(&m).and_then(|delivery| {
+        hami::mutate(&mut m, settings)?;
+        kai::mutate(&mut m, &settings.kai, vram, delivery)
+    });
     match result {
         Ok(()) => m.into_decision(),
         Err(Denial { message }) => Decision::Deny { message },

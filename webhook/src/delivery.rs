@@ -6,15 +6,16 @@ use hami_shared::values::LimitDelivery;
 
 use crate::mutation::{Denial, PodMutation};
 
-/// Deny a pod whose `hami.io/limit-delivery` is present and not exactly `env` or `file`.
+/// The pod's `hami.io/limit-delivery`, parsed (`None` when absent): the one parse of it on a
+/// review, carried to the KAI mutation. A value present and not exactly `env` or `file` is denied.
 ///
 /// # Errors
 /// [`Denial`] naming the pod, the annotation and the value.
-pub fn validate(m: &PodMutation<'_, '_>) -> Result<(), Denial> {
+pub fn validate(m: &PodMutation<'_, '_>) -> Result<Option<LimitDelivery>, Denial> {
     match m.pod().annotation(ANNOTATION_LIMIT_DELIVERY) {
-        None => Ok(()),
+        None => Ok(None),
         Some(value) => match value.parse::<LimitDelivery>() {
-            Ok(_) => Ok(()),
+            Ok(delivery) => Ok(Some(delivery)),
             Err(_) => Err(m.deny(format_args!(
                 "annotation {ANNOTATION_LIMIT_DELIVERY}={value:?} is not one of: {}",
                 LimitDelivery::ACCEPTED

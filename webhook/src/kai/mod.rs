@@ -20,6 +20,8 @@ pub mod quantity;
 pub mod select;
 pub mod settings;
 
+use hami_shared::values::LimitDelivery;
+
 use crate::basis::{Basis, VramBasis};
 use crate::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::placement::Placement;
@@ -28,7 +30,8 @@ pub use select::KaiRequest;
 pub use settings::{KaiSettings, MissingBasis, PreloadContainers};
 
 /// Apply the KAI mutations to a pod. `vram` is the per-GPU VRAM basis for `gpu-fraction` pods,
-/// used when `kai.perGpuVramMib` is not set; what happened is recorded as observations.
+/// used when `kai.perGpuVramMib` is not set; `annotation_delivery` is the pod's parsed
+/// `hami.io/limit-delivery`; what happened is recorded as observations.
 ///
 /// # Errors
 /// [`Denial`] for an invalid KAI request (bad or conflicting annotations, a container name that
@@ -38,6 +41,7 @@ pub fn mutate(
     m: &mut PodMutation<'_, '_>,
     kai: &KaiSettings,
     vram: &dyn VramBasis,
+    annotation_delivery: Option<LimitDelivery>,
 ) -> Result<(), Denial> {
     let Some(raw) = select::select(m.pod(), kai) else {
         return Ok(());
@@ -86,13 +90,10 @@ pub fn mutate(
         return Ok(());
     };
     let (limit, limited) = inject::memory_limit(m, limit_mib)?;
-    let resolved = hami_shared::values::resolve_limit_delivery(
-        m.pod()
-            .annotation(hami_shared::names::ANNOTATION_LIMIT_DELIVERY),
-        None,
-        Some(kai.limit_delivery),
-    );
-    downward::deliver(m, &limited, limit, resolved.delivery)?;
+    // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
+    // webhook's `kai.limitDelivery`: KAI pods have no node config.
+    let delivery = annotation_delivery.unwrap_or(kai.limit_delivery);
+    downward::deliver(m, &limited, limit, delivery)?;
     m.observe(Observation::KaiPod(match request {
         KaiRequest::Memory(_) => KaiLimit::GpuMemory,
         KaiRequest::Fraction(_) => KaiLimit::GpuFraction,
