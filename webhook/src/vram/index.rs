@@ -242,6 +242,16 @@ impl VramIndex {
         name: &str,
         labels: impl IntoIterator<Item = (&'l str, &'l str)>,
     ) -> IndexChange {
+        self.upsert_reporting(name, labels).0
+    }
+
+    /// [`Self::upsert`], also returning why the node's GPU memory label was ignored, if it was
+    /// (the node watch logs it): the label is parsed once per event, here.
+    pub fn upsert_reporting<'l>(
+        &mut self,
+        name: &str,
+        labels: impl IntoIterator<Item = (&'l str, &'l str)>,
+    ) -> (IndexChange, Option<GpuMemoryLabelError>) {
         let memory_key = *self
             .memory_key
             .get_or_insert_with(|| self.syms.intern(LABEL_GPU_MEMORY));
@@ -255,16 +265,17 @@ impl VramIndex {
             .binary_search_by_key(&memory_key, |(k, _)| *k)
             .ok()
             .map(|i| parse_gpu_memory_label(self.syms.resolve(ids[i].1)));
-        let (mib, invalid) = match mib {
-            None => (None, false),
-            Some(Ok(m)) => (Some(m), false),
-            Some(Err(_)) => (None, true),
+        let (mib, label_error) = match mib {
+            None => (None, None),
+            Some(Ok(m)) => (Some(m), None),
+            Some(Err(e)) => (None, Some(e)),
         };
+        let invalid = label_error.is_some();
         if let Some(&slot) = self.by_name.get(name) {
             if let Some(old) = self.slots.get(slot).and_then(Option::as_ref)
                 && *old.labels == *ids
             {
-                return IndexChange::Unchanged;
+                return (IndexChange::Unchanged, label_error);
             }
             self.remove(name);
         }
@@ -293,7 +304,7 @@ impl VramIndex {
             self.by_memory.insert((m, slot));
         }
         self.by_name.insert(name, slot);
-        IndexChange::Changed
+        (IndexChange::Changed, label_error)
     }
 
     /// Remove a node. Returns whether it was there.

@@ -7,9 +7,7 @@
 
 use std::sync::Arc;
 
-use hami_shared::names::LABEL_GPU_MEMORY;
-
-use crate::vram::index::{IndexChange, VramIndex, parse_gpu_memory_label};
+use crate::vram::index::{IndexChange, VramIndex};
 use crate::vram::live::LiveVramIndex;
 
 /// The server's node watch: build a client from the environment (in-cluster service account or
@@ -118,17 +116,15 @@ fn apply(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 ) -> IndexChange {
     let name = meta.name.as_deref().unwrap_or("");
-    let labels = meta.labels.as_ref();
-    if let Some(v) = labels.and_then(|l| l.get(LABEL_GPU_MEMORY))
-        && let Err(e) = parse_gpu_memory_label(v)
-    {
-        tracing::warn!(node = name, error = %e, "GPU memory label ignored");
-    }
-    index.upsert(
+    let (change, label_error) = index.upsert_reporting(
         name,
-        labels
-            .into_iter()
+        meta.labels
+            .iter()
             .flatten()
             .map(|(k, v)| (k.as_str(), v.as_str())),
-    )
+    );
+    if let Some(e) = label_error {
+        tracing::warn!(node = name, error = %e, "GPU memory label ignored");
+    }
+    change
 }
