@@ -239,7 +239,7 @@ pub async fn serve_observed(
         let bound = bind(&lifecycle, &state)?;
         tracing::info!(socket = %socket.display(), resource = %lifecycle.resource_name, "serving the device plugin");
         // Register, with backoff, until kubelet accepts or something forces a re-bind.
-        let mut backoff = lifecycle.backoff_min;
+        let mut backoff = hami_ops::Backoff::new(lifecycle.backoff_min, lifecycle.backoff_max);
         let mut kubelet = identity(&lifecycle.kubelet_socket());
         let event = loop {
             match register(&lifecycle, state.options).await {
@@ -252,14 +252,14 @@ pub async fn serve_observed(
                 }
                 Err(error) => {
                     metrics.observe_registration(false);
-                    tracing::warn!(%error, retry_ms = backoff.as_millis(), "registration failed");
+                    tracing::warn!(%error, retry_ms = backoff.delay().as_millis(), "registration failed");
                 }
             }
             tokio::select! {
                 () = &mut shutdown => break Some(Event::Shutdown),
-                () = tokio::time::sleep(backoff) => {}
+                () = tokio::time::sleep(backoff.delay()) => {}
             }
-            backoff = (backoff * 2).min(lifecycle.backoff_max);
+            backoff.fail();
             if identity(&socket) != bound.identity {
                 break Some(Event::SocketGone);
             }

@@ -7,6 +7,8 @@
 //!   at the top level, level from `RUST_LOG` (default `info`).
 //! - [`shutdown_signal`]: SIGTERM/SIGINT handlers installed **at once** (a signal during start-up
 //!   must not kill the process with its socket left behind), and a future for the first of them.
+//! - [`Backoff`]: the doubling retry delay both programs use (the webhook's node-watch client, the
+//!   device plugin's kubelet registration).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +19,35 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 
 pub mod process;
+
+/// A retry delay that doubles after each failure, from `min` up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    next: std::time::Duration,
+    max: std::time::Duration,
+}
+
+impl Backoff {
+    /// Starts at `min` (never above `max`).
+    #[must_use]
+    pub fn new(min: std::time::Duration, max: std::time::Duration) -> Self {
+        Self {
+            next: min.min(max),
+            max,
+        }
+    }
+
+    /// The delay to wait now.
+    #[must_use]
+    pub fn delay(&self) -> std::time::Duration {
+        self.next
+    }
+
+    /// After a failed retry: the next delay doubles, capped at `max`.
+    pub fn fail(&mut self) {
+        self.next = self.next.saturating_mul(2).min(self.max);
+    }
+}
 
 type Probe = Arc<dyn Fn() -> bool + Send + Sync>;
 
@@ -269,6 +300,21 @@ mod tests {
     use axum::http::Request;
     use http_body_util::BodyExt;
     use tower::ServiceExt;
+
+    #[test]
+    fn backoff_doubles_up_to_its_max() {
+        use std::time::Duration;
+        let mut b = Backoff::new(Duration::from_millis(500), Duration::from_secs(3));
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            seen.push(b.delay().as_millis());
+            b.fail();
+        }
+        assert_eq!(seen, [500, 1000, 2000, 3000, 3000]);
+        // A minimum above the maximum starts at the maximum.
+        let b = Backoff::new(Duration::from_secs(9), Duration::from_secs(3));
+        assert_eq!(b.delay(), Duration::from_secs(3));
+    }
 
     async fn get(router: &Router, path: &str, accept: Option<&str>) -> (u16, String, String) {
         let mut req = Request::get(path);

@@ -20,19 +20,22 @@ pub async fn watch_cluster(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let mut delay = std::time::Duration::from_millis(500);
+    let mut backoff = hami_ops::Backoff::new(
+        std::time::Duration::from_millis(500),
+        std::time::Duration::from_secs(30),
+    );
     let client = loop {
         match kube::Client::try_default().await {
             Ok(c) => break c,
             Err(e) => {
                 index.metrics().watch_errors.inc();
                 index.metrics().failing.set(1);
-                tracing::error!(error = %e, retry_in_ms = delay.as_millis() as u64, "no Kubernetes client for the node watch; gpu-fraction caps are skipped until it works (or set HAMI_KAI__PER_GPU_VRAM_MIB)");
+                tracing::error!(error = %e, retry_in_ms = backoff.delay().as_millis() as u64, "no Kubernetes client for the node watch; gpu-fraction caps are skipped until it works (or set HAMI_KAI__PER_GPU_VRAM_MIB)");
                 tokio::select! {
                     () = &mut shutdown => return,
-                    () = tokio::time::sleep(delay) => {}
+                    () = tokio::time::sleep(backoff.delay()) => {}
                 }
-                delay = (delay * 2).min(std::time::Duration::from_secs(30));
+                backoff.fail();
             }
         }
     };
