@@ -121,11 +121,6 @@ pub fn memory_limit_env(i: usize) -> String {
     format!("{ENV_CUDA_DEVICE_MEMORY_LIMIT}_{i}")
 }
 
-/// `CUDA_DEVICE_SM_LIMIT_<i>`: the per-device core limit variable.
-pub fn sm_limit_env(i: usize) -> String {
-    format!("{ENV_CUDA_DEVICE_SM_LIMIT}_{i}")
-}
-
 /// Current version of the limits file format (`HAMI_LIMITS_FORMAT=1`).
 pub const LIMITS_FORMAT_VERSION: u32 = 1;
 
@@ -209,7 +204,6 @@ mod tests {
     fn per_device_names() {
         assert_eq!(memory_limit_env(0), "CUDA_DEVICE_MEMORY_LIMIT_0");
         assert_eq!(memory_limit_env(15), "CUDA_DEVICE_MEMORY_LIMIT_15");
-        assert_eq!(sm_limit_env(1), "CUDA_DEVICE_SM_LIMIT_1");
         assert_eq!(limits_file_name("u", "c"), "u_c.limits");
     }
 }

@@ -11,12 +11,6 @@ use hami_shared::names::{
     BIND_PHASE_ALLOCATING, BIND_PHASE_SUCCESS,
 };
 
-/// The GPU UUIDs of the first non-empty container entry of `hami.io/vgpu-devices-to-allocate`
-/// (`UUID,NVIDIA,<mem>,<cores>:` per device, `;` per container).
-pub fn first_entry_uuids(annotation: &str) -> Vec<String> {
-    crate::allocation::codec::next_request_uuids(annotation)
-}
-
 /// Namespace and name from a node lock `<time>,<namespace>,<pod>` (legacy bare time: none).
 pub fn lock_holder(lock: &str) -> Option<(&str, &str)> {
     let mut parts = lock.splitn(3, ',');
@@ -117,6 +111,8 @@ impl Candidate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The GPU UUIDs of the first non-empty container entry of `hami.io/vgpu-devices-to-allocate`.
+    use crate::allocation::codec::next_request_uuids as first_entry_uuids;
 
     #[test]
     fn uuids_of_the_first_non_empty_entry() {
