@@ -1,10 +1,12 @@
 //! What the real-cluster tests (`tests/tests/real_cluster.rs`, `tests/tests/real_node.rs`) share:
-//! kubectl from the cluster's own build, the node lock's time format, and stopping the cluster
-//! (`scripts/cluster down`) on Ctrl-C or SIGTERM.
+//! kubectl from the cluster's own build, the node lock's time format, waiting, the ordered case
+//! runner (one cluster for every case), and stopping the cluster (`scripts/cluster down`) on
+//! Ctrl-C or SIGTERM.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// Command output as text (lossy: kubectl and the scripts print UTF-8).
 #[must_use]
@@ -82,4 +84,76 @@ pub fn stop_on_signal(test: &'static str, cluster_script: PathBuf, dir: PathBuf)
             .status();
         std::process::exit(130);
     });
+}
+
+/// The repository's root (this crate is `tests/`).
+#[must_use]
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Poll `f` every 200 ms until it holds; panics (failing the case) after `timeout`, naming
+/// `what`. Returns how long it took.
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    start.elapsed()
+}
+
+/// One case of an ordered scenario: its name and what it runs against the shared cluster.
+pub type Case<C> = (&'static str, fn(&mut C));
+
+/// `cargo test -- --list` (and filters): the cases are one ordered scenario, listed, never
+/// filtered. True when the arguments asked for the list (it is printed).
+#[must_use]
+pub fn listed<C>(cases: &[Case<C>]) -> bool {
+    if !std::env::args().any(|a| a == "--list") {
+        return false;
+    }
+    let mut out = std::io::stdout();
+    for (name, _) in cases {
+        let _ = writeln!(out, "{name}: test");
+    }
+    true
+}
+
+/// Run `cases` in order against `cluster`, each caught (a panic fails that case only), printing
+/// `test NAME ... ok (S s)` or `... FAILED`. The first case installs what the others need: when it
+/// fails, the rest are not run. Returns (passed, names of the failed cases).
+pub fn run_cases<C>(test: &str, cases: &[Case<C>], cluster: &mut C) -> (usize, Vec<&'static str>) {
+    let mut out = std::io::stdout();
+    let mut failed = Vec::new();
+    let mut passed = 0;
+    for (i, (name, case)) in cases.iter().enumerate() {
+        let start = Instant::now();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(cluster))) {
+            Ok(()) => {
+                passed += 1;
+                let _ = writeln!(
+                    out,
+                    "test {name} ... ok ({:.1} s)",
+                    start.elapsed().as_secs_f64()
+                );
+            }
+            Err(_) => {
+                let _ = writeln!(out, "test {name} ... FAILED");
+                failed.push(*name);
+                if i == 0 {
+                    let _ = writeln!(
+                        out,
+                        "{test}: the first case (the install) failed; the other {} cases need it and did not run",
+                        cases.len() - 1
+                    );
+                    break;
+                }
+            }
+        }
+    }
+    (passed, failed)
 }

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use hami_tests::real::{rfc3339, text};
+use hami_tests::real::{Case, listed, repo, rfc3339, run_cases, text, wait_for};
 use serde_json::{Value, json};
 
 const NS: &str = "hami-system";
@@ -39,10 +39,6 @@ const TENANT: &str = "tenant";
 /// the webhook away (the chart's namespaceSelector).
 const OFFLINE: &str = "tenant-offline";
 const WEBHOOK: &str = "mutate.hami-limits.hami.io";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// The workspace's built binaries (`cargo test --workspace --all-targets` builds them first).
 fn binary(name: &str) -> PathBuf {
@@ -612,17 +608,6 @@ fn env_of(pod: &Value, container: usize) -> BTreeMap<String, String> {
 
 fn all_text(pod: &Value) -> String {
     pod.to_string()
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1930,9 +1915,7 @@ fn stop_child(mut child: Child, pid_file: &Path) {
     let _ = std::fs::remove_file(pid_file);
 }
 
-type Case = (&'static str, fn(&mut Cluster));
-
-const CASES: &[Case] = &[
+const CASES: &[Case<Cluster>] = &[
     (
         "helm install, certgen hooks, caBundle, the Service reaches the host webhook",
         install,
@@ -1990,12 +1973,7 @@ const CASES: &[Case] = &[
 ];
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    // `cargo test -- --list` and filters: the cases are one ordered scenario.
-    if args.iter().any(|a| a == "--list") {
-        for (name, _) in CASES {
-            println!("{name}: test");
-        }
+    if listed(CASES) {
         return ExitCode::SUCCESS;
     }
     let dir = std::env::temp_dir().join(format!("hami-real-cluster-{}", std::process::id()));
@@ -2017,32 +1995,7 @@ fn main() -> ExitCode {
         started.elapsed().as_secs_f64(),
         cluster.bin.display()
     );
-    let mut failed = Vec::new();
-    let mut passed = 0;
-    for (name, case) in CASES {
-        let start = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| case(&mut cluster)));
-        match result {
-            Ok(()) => {
-                passed += 1;
-                println!(
-                    "test {name} ... ok ({:.1} s)",
-                    start.elapsed().as_secs_f64()
-                );
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed.push(*name);
-                if *name == CASES[0].0 {
-                    println!(
-                        "real_cluster: the install failed; the other {} cases need it and did not run",
-                        CASES.len() - 1
-                    );
-                    break;
-                }
-            }
-        }
-    }
+    let (passed, failed) = run_cases("real_cluster", CASES, &mut cluster);
     if !failed.is_empty() {
         let log = cluster.webhook_log();
         let tail: Vec<&str> = log.lines().rev().take(30).collect();

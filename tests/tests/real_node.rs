@@ -22,12 +22,11 @@
     clippy::print_stderr
 )]
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use hami_tests::real::{rfc3339, text};
+use hami_tests::real::{Case, listed, repo, rfc3339, run_cases, text, wait_for};
 use serde_json::{Value, json};
 
 const NS: &str = "hami-limits";
@@ -39,22 +38,6 @@ const WORKLOAD: &str = "localhost/hami-limits/workload:test";
 const GPU_0: &str = "GPU-6a5b0c1e-0000-4000-8000-000000000000";
 const GPU_1: &str = "GPU-6a5b0c1e-0000-4000-8000-000000000001";
 const VRAM_MIB: u64 = 143_771;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !f() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    start.elapsed()
-}
 
 struct Node {
     dir: PathBuf,
@@ -1098,9 +1081,7 @@ fn leftovers(dir: &Path, kubelet_dir_before: bool) -> Vec<String> {
     left
 }
 
-type Case = (&'static str, fn(&mut Node));
-
-const CASES: &[Case] = &[
+const CASES: &[Case<Node>] = &[
     (
         "helm install with running pods: certgen Jobs, caBundle, webhook endpoints, plugin registered, hook folders",
         chart_pods_run,
@@ -1146,11 +1127,7 @@ const CASES: &[Case] = &[
 ];
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|a| a == "--list") {
-        for (name, _) in CASES {
-            println!("{name}: test");
-        }
+    if listed(CASES) {
         return ExitCode::SUCCESS;
     }
     let dir = std::env::temp_dir().join(format!("hami-real-node-{}", std::process::id()));
@@ -1182,28 +1159,7 @@ fn main() -> ExitCode {
         "real_node: control plane, node and chart up in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let mut failed = Vec::new();
-    let mut passed = 0;
-    for (name, case) in CASES {
-        let start = Instant::now();
-        match catch_unwind(AssertUnwindSafe(|| case(&mut node))) {
-            Ok(()) => {
-                passed += 1;
-                println!(
-                    "test {name} ... ok ({:.1} s)",
-                    start.elapsed().as_secs_f64()
-                );
-            }
-            Err(_) => {
-                println!("test {name} ... FAILED");
-                failed.push(*name);
-                if *name == CASES[0].0 {
-                    println!("real_node: the install failed; the other cases need it");
-                    break;
-                }
-            }
-        }
-    }
+    let (passed, failed) = run_cases("real_node", CASES, &mut node);
     if !failed.is_empty() {
         for log in ["kubelet", "containerd"] {
             let body =
