@@ -55,13 +55,14 @@ COPY shared/Cargo.toml shared/
 COPY ops/Cargo.toml ops/
 COPY inspect/Cargo.toml inspect/
 COPY preload/Cargo.toml preload/
+COPY preload-core/Cargo.toml preload-core/
 COPY webhook/Cargo.toml webhook/
 COPY device-plugin/Cargo.toml device-plugin/build.rs device-plugin/
 COPY device-plugin/proto device-plugin/proto
 COPY tests/Cargo.toml tests/
 COPY certs/Cargo.toml certs/
 RUN set -eu; \
-    for lib in shared/src/lib.rs ops/src/lib.rs preload/src/lib.rs webhook/src/lib.rs \
+    for lib in shared/src/lib.rs ops/src/lib.rs preload/src/lib.rs preload-core/src/lib.rs webhook/src/lib.rs \
                device-plugin/src/lib.rs tests/src/lib.rs certs/src/lib.rs; do \
         mkdir -p "$(dirname "$lib")"; : > "$lib"; \
     done; \
@@ -90,7 +91,7 @@ ARG SOURCE_DATE_EPOCH=0
 # The copied sources may be older than the stand-ins' build: touch them, so that cargo rebuilds
 # every workspace crate from the real sources (dependencies stay as built above).
 RUN set -eu; \
-    find shared ops inspect preload webhook device-plugin tests certs bench -name '*.rs' -exec touch {} +; \
+    find shared ops inspect preload preload-core webhook device-plugin tests certs bench -name '*.rs' -exec touch {} +; \
     cargo build --release --locked \
         -p hami-webhook --bin hami-webhook \
         -p hami-device-plugin --bin hami-device-plugin \
@@ -127,7 +128,7 @@ RUN test "$(uname -m)" = x86_64 \
 COPY . .
 ARG SOURCE_DATE_EPOCH=0
 RUN set -eu; \
-    find shared preload -name '*.rs' -exec touch {} +; \
+    find shared preload preload-core -name '*.rs' -exec touch {} +; \
     cargo zigbuild --release --locked -p hami-preload --lib --target x86_64-unknown-linux-gnu.2.17; \
     scripts/check-preload-abi target/x86_64-unknown-linux-gnu/release/libhami_preload.so; \
     install -D -m 0644 target/x86_64-unknown-linux-gnu/release/libhami_preload.so \

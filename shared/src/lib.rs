@@ -6,6 +6,7 @@
 //! - [`limits_file`]: the `/overrideEnv` file: strict render, tolerant parse with diagnostics.
 //! - [`hami_core`]: how HAMi-core really reads memory and SM values, with warnings.
 //! - [`publish`]: atomic publication of a file into a directory, and the leftover sweep.
+//! - [`node_gpus`]: the node GPU file (minor number, UUID, MiB of each GPU of a node).
 //! - [`config`]: layered configuration and HAMi-compatible device/node config files.
 //!
 //! ```
@@ -32,6 +33,7 @@ pub mod hami_core;
 pub mod limits_file;
 pub mod manifest;
 pub mod names;
+pub mod node_gpus;
 pub mod preload;
 pub mod publish;
 pub mod values;

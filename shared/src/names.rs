@@ -3,6 +3,17 @@
 //! Both programs and the chart must spell these identically; a typo in one copy would silently
 //! disconnect the webhook, the scheduler and the device plugin from each other.
 
+// The names the preload library itself reads are declared in `hami-preload-core` (a `no_std`
+// crate the library is built from) and re-exported here, so each is spelled once.
+pub use hami_preload_core::names::{
+    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_DEVICE_SM_LIMIT,
+    ENV_CUDA_OVERSUBSCRIBE, ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY,
+    ENV_HAMI_GPU_FRACTION, ENV_HAMI_LIMITS_FORMAT, ENV_HAMI_NODE_GPUS, ENV_HAMI_NODE_GPUS_FORMAT,
+    ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER, LIMITS_FORMAT_VERSION, MAX_DEVICE_INDEX,
+    MAX_GPU_MINOR, NODE_GPUS_FILE, NODE_GPUS_FORMAT_VERSION, NVIDIA_DEVICE_MAJOR,
+    OVERRIDE_ENV_PATH,
+};
+
 // ---------------------------------------------------------------------------------------------
 // Pod annotations (HAMi)
 // ---------------------------------------------------------------------------------------------
@@ -84,28 +95,10 @@ pub const LABEL_WEBHOOK_IGNORE: &str = "ignore";
 // Environment variables read by HAMi-core (and set by the device plugin / webhook)
 // ---------------------------------------------------------------------------------------------
 
-/// Global memory limit (per-device `_<i>` wins).
-pub const ENV_CUDA_DEVICE_MEMORY_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
-/// Core (SM) limit in percent; 0 or unset means 100.
-pub const ENV_CUDA_DEVICE_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
-/// Path of the shared region where a pod's processes account usage.
-pub const ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
-/// Set by HAMi when memory scaling > 1 (not read by current HAMi-core).
-pub const ENV_CUDA_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
-/// `default` | `force` | `disable`.
-pub const ENV_GPU_CORE_UTILIZATION_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
-/// HAMi-core log level 0..4 (read before the limits file).
-pub const ENV_LIBCUDA_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
-/// Enabled by `"1"`.
-pub const ENV_LIBVGPU_HOSTPID_BROKER: &str = "LIBVGPU_HOSTPID_BROKER";
-/// Integer (`atoi`), default 1; lower is higher priority.
-pub const ENV_CUDA_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
 /// `true` disables the `/etc/ld.so.preload` mount for a container.
 pub const ENV_CUDA_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
 /// Comma-separated GPU UUIDs for the NVIDIA container runtime.
 pub const ENV_NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
-/// Format version line of the limits file.
-pub const ENV_HAMI_LIMITS_FORMAT: &str = "HAMI_LIMITS_FORMAT";
 /// The node this device plugin runs on (downward API).
 pub const ENV_NODE_NAME: &str = "NODE_NAME";
 /// Per-GPU VRAM override for the webhook's fraction translation.
@@ -113,23 +106,15 @@ pub const ENV_PER_GPU_VRAM_MIB: &str = "PER_GPU_VRAM_MIB";
 /// HAMi's hook path environment variable.
 pub const ENV_HOOK_PATH: &str = "HOOK_PATH";
 
-/// Highest device index HAMi-core reads for `CUDA_DEVICE_MEMORY_LIMIT_<i>` (0..=15).
-pub const MAX_DEVICE_INDEX: usize = 15;
-
 /// `CUDA_DEVICE_MEMORY_LIMIT_<i>`: the per-device memory limit variable.
 pub fn memory_limit_env(i: usize) -> String {
     format!("{ENV_CUDA_DEVICE_MEMORY_LIMIT}_{i}")
 }
 
-/// Current version of the limits file format (`HAMI_LIMITS_FORMAT=1`).
-pub const LIMITS_FORMAT_VERSION: u32 = 1;
-
 // ---------------------------------------------------------------------------------------------
 // Paths
 // ---------------------------------------------------------------------------------------------
 
-/// Where HAMi-core looks for the limits file inside a container (compiled into libvgpu.so).
-pub const OVERRIDE_ENV_PATH: &str = "/overrideEnv";
 /// Default `HOOK_PATH` on the host (the chart's value).
 pub const HOOK_PATH: &str = "/usr/local";
 /// Default `HOOK_PATH`, alias naming it as a default.

@@ -35,13 +35,7 @@ use crate::names::{
     ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER,
 };
 
-/// The most bytes of `/overrideEnv` the library reads. A real file is well under 1 KiB
-/// (16 devices × ~35 bytes plus a few settings); a huge file costs no more than this.
-pub const READ_LIMIT_BYTES: usize = 8 * 1024;
-
-/// Opt-in diagnostic: `HAMI_PRELOAD_DEBUG=1` makes the library print one line to stderr saying
-/// what it did. Ignored in secure-execution mode (setuid/setgid programs, `AT_SECURE`).
-pub const ENV_PRELOAD_DEBUG: &str = "HAMI_PRELOAD_DEBUG";
+pub use hami_preload_core::names::{ENV_PRELOAD_DEBUG, READ_LIMIT_BYTES};
 
 /// Every variable HAMi-core reads that the contract names, by exact name. The per-device forms
 /// `CUDA_DEVICE_MEMORY_LIMIT_<i>` and `CUDA_DEVICE_SM_LIMIT_<i>` are covered by

@@ -1,0 +1,17 @@
+//! The preload library's decision, without `std` and without allocation, so that
+//! `libhami_preload.so` can be built from `core` and raw libc calls alone (small, cheap to load).
+//!
+//! - [`names`]: every name the library reads (re-exported by `hami_shared::names`).
+//! - [`grammar`]: HAMi-core's value grammar (`strtoul`, the suffix), re-exported by
+//!   `hami_shared::hami_core`.
+//! - [`fraction`]: exact `floor(fraction × MiB)`, used by the webhook too.
+//!
+//! `hami_shared::preload` holds the reference decision, written with `std` over the contract's
+//! own parser; the `preload_differential` fuzz target feeds both the same bytes and compares the
+//! environments they produce.
+#![no_std]
+#![forbid(unsafe_code)]
+
+pub mod fraction;
+pub mod grammar;
+pub mod names;
