@@ -107,7 +107,11 @@ pub struct LimitValue {
 
 /// HAMi-core's `get_limit_from_env` on `text`.
 pub fn read_limit(text: &str) -> LimitValue {
-    let bytes = text.as_bytes();
+    read_limit_bytes(text.as_bytes())
+}
+
+/// [`read_limit`] over bytes.
+pub fn read_limit_bytes(bytes: &[u8]) -> LimitValue {
     let scale = match bytes.last() {
         Some(b'k' | b'K') => 1 << 10,
         Some(b'm' | b'M') => 1 << 20,

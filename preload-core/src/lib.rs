@@ -5,6 +5,8 @@
 //! - [`grammar`]: HAMi-core's value grammar (`strtoul`, the suffix), re-exported by
 //!   `hami_shared::hami_core`.
 //! - [`fraction`]: exact `floor(fraction × MiB)`, used by the webhook too.
+//! - [`lines`], [`keys`]: the `KEY=VALUE` line grammar and which keys are exported.
+//! - [`decide`]: the decision: the limits file, then the per-node cap of a `gpu-fraction` container.
 //!
 //! `hami_shared::preload` holds the reference decision, written with `std` over the contract's
 //! own parser; the `preload_differential` fuzz target feeds both the same bytes and compares the
@@ -12,6 +14,9 @@
 #![no_std]
 #![forbid(unsafe_code)]
 
+pub mod decide;
 pub mod fraction;
 pub mod grammar;
+pub mod keys;
+pub mod lines;
 pub mod names;

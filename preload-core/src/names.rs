@@ -75,3 +75,9 @@ pub const ENV_PRELOAD_DEBUG: &str = "HAMI_PRELOAD_DEBUG";
 pub const READ_LIMIT_BYTES: usize = 8 * 1024;
 /// The most bytes of the node GPU file the library reads (16 GPUs × ~80 bytes is ~1.3 KiB).
 pub const NODE_GPUS_READ_LIMIT_BYTES: usize = 4 * 1024;
+/// The largest memory a node GPU file entry may state, in MiB (16 TiB).
+pub const NODE_GPU_MAX_MIB: u64 = 16 * 1024 * 1024;
+/// The longest GPU UUID a node GPU file entry may hold.
+pub const NODE_GPU_MAX_UUID_LEN: usize = 64;
+/// The longest `HAMI_NODE_GPUS` path the preload library opens (`PATH_MAX` less the NUL).
+pub const NODE_GPUS_MAX_PATH_BYTES: usize = 4095;

@@ -283,20 +283,7 @@ pub enum KeyKind {
 }
 
 fn indexed(key: &str, base: &str) -> Option<Result<Option<usize>, ()>> {
-    if key == base {
-        return Some(Ok(None));
-    }
-    let idx = key.strip_prefix(base)?.strip_prefix('_')?;
-    if idx.is_empty() || !idx.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    // HAMi-core builds the names with "%s_%d": "_01" or "_16" is never looked up.
-    match idx.parse::<usize>() {
-        Ok(i) if i <= MAX_DEVICE_INDEX && (idx == "0" || !idx.starts_with('0')) => {
-            Some(Ok(Some(i)))
-        }
-        _ => Some(Err(())),
-    }
+    hami_preload_core::keys::indexed(key.as_bytes(), base)
 }
 
 /// Classify a key.

@@ -33,9 +33,9 @@ use crate::limits_file::{Diagnostic, Severity, parse_bytes};
 use crate::names::{ENV_HAMI_NODE_GPUS_FORMAT, MAX_GPU_MINOR, NODE_GPUS_FORMAT_VERSION};
 
 /// The largest memory size a `NVIDIA<minor>_MIB` entry may state: 16 TiB in MiB.
-pub const MAX_MIB: u64 = 16 * 1024 * 1024;
+pub use hami_preload_core::names::NODE_GPU_MAX_MIB as MAX_MIB;
 /// The longest UUID.
-pub const MAX_UUID_LEN: usize = 64;
+pub use hami_preload_core::names::NODE_GPU_MAX_UUID_LEN as MAX_UUID_LEN;
 
 /// One GPU of the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
