@@ -383,7 +383,7 @@ impl Span {
         Span(start, end)
     }
 
-    fn get<'b>(self, buf: &'b [u8]) -> Option<&'b [u8]> {
+    fn get(self, buf: &[u8]) -> Option<&[u8]> {
         if self.0 == u16::MAX {
             return None;
         }
@@ -447,10 +447,10 @@ pub fn parse_node_gpus(bytes: &[u8]) -> Result<NodeTable, Kept> {
         }
     }
     for span in &uuid {
-        if let Some(v) = span.get(bytes) {
-            if !is_gpu_uuid(v) {
-                return Err(Kept::NodeFileInvalid);
-            }
+        if let Some(v) = span.get(bytes)
+            && !is_gpu_uuid(v)
+        {
+            return Err(Kept::NodeFileInvalid);
         }
     }
     Ok(out)
@@ -490,9 +490,15 @@ pub fn gpu_device_name(name: &[u8]) -> Option<u32> {
 
 impl VisibleGpus {
     /// None seen.
+    pub const EMPTY: VisibleGpus = VisibleGpus {
+        bits: [0; 4],
+        mismatch: false,
+    };
+
+    /// None seen.
     #[must_use]
     pub fn new() -> Self {
-        Self::default()
+        Self::EMPTY
     }
 
     /// Record one `/dev` entry: its name and, when `stat` succeeded, `(st_mode, st_rdev)`. Names
@@ -516,10 +522,10 @@ impl VisibleGpus {
 
     /// Record a visible GPU by minor number (0..=254; others ignored).
     pub fn add(&mut self, minor: u32) {
-        if minor <= MAX_GPU_MINOR {
-            if let Some(word) = self.bits.get_mut((minor / 64) as usize) {
-                *word |= 1 << (minor % 64);
-            }
+        if minor <= MAX_GPU_MINOR
+            && let Some(word) = self.bits.get_mut((minor / 64) as usize)
+        {
+            *word |= 1 << (minor % 64);
         }
     }
 

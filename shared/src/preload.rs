@@ -21,49 +21,39 @@
 //!   is never turned into no limit.
 //! - The reader reads at most [`READ_LIMIT_BYTES`]; when the file is longer, the cut last line is
 //!   dropped (a cut `3000m` would read as `30` bytes).
+//! - A KAI `gpu-fraction` container's file also holds `HAMI_GPU_FRACTION` and `HAMI_NODE_GPUS`
+//!   ([`crate::limits_file`]): the library then reads the node GPU file ([`crate::node_gpus`]) and
+//!   looks at the container's `/dev/nvidia<N>` devices ([`VisibleGpus`]); `CUDA_DEVICE_MEMORY_LIMIT`
+//!   becomes `floor(fraction × MiB)m` of the smallest visible GPU ([`PerNode::Applied`]), or the
+//!   admission-time value stands, with the reason ([`Kept`]). No environment is consulted: an SSH
+//!   session has none.
+//!
+//! This module is the reference: written with `std` over the contract's own parsers
+//! ([`crate::limits_file::parse_bytes`], [`crate::node_gpus::parse`]). The library decides with
+//! `hami_preload_core::decide` (no `std`, no allocation); the `preload_differential` fuzz target
+//! and the tests below feed both the same bytes and compare the environments they produce.
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::fmt;
 use std::os::unix::ffi::OsStrExt;
+
+use hami_preload_core::decide::is_node_gpus_path;
+use hami_preload_core::fraction;
 
 use crate::hami_core::{KeyKind, MemoryReading, interpret_memory, key_kind};
 use crate::limits_file::{Severity, parse_bytes};
 use crate::names::{
-    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_DEVICE_SM_LIMIT,
-    ENV_CUDA_OVERSUBSCRIBE, ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY,
-    ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER,
+    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_OVERSUBSCRIBE, ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS,
 };
+use crate::node_gpus;
 
-pub use hami_preload_core::names::{ENV_PRELOAD_DEBUG, READ_LIMIT_BYTES};
-
-/// Every variable HAMi-core reads that the contract names, by exact name. The per-device forms
-/// `CUDA_DEVICE_MEMORY_LIMIT_<i>` and `CUDA_DEVICE_SM_LIMIT_<i>` are covered by
-/// [`CONTRACT_VARIABLE_PREFIXES`].
-pub const CONTRACT_VARIABLES: &[&str] = &[
-    ENV_CUDA_DEVICE_MEMORY_LIMIT,
-    ENV_CUDA_DEVICE_SM_LIMIT,
-    ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE,
-    ENV_CUDA_OVERSUBSCRIBE,
-    ENV_GPU_CORE_UTILIZATION_POLICY,
-    ENV_CUDA_TASK_PRIORITY,
-    ENV_LIBCUDA_LOG_LEVEL,
-    ENV_LIBVGPU_HOSTPID_BROKER,
-];
-
-/// Prefixes of the per-device contract variables (`CUDA_DEVICE_MEMORY_LIMIT_<anything>`,
-/// `CUDA_DEVICE_SM_LIMIT_<anything>`). Inherited variables with these prefixes are all removed when
-/// the file counts, whatever follows the prefix.
-pub const CONTRACT_VARIABLE_PREFIXES: &[&str] =
-    &["CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_"];
-
-/// True for a variable of the contract: removed from the environment when the file counts.
-pub fn is_contract_variable(name: &[u8]) -> bool {
-    CONTRACT_VARIABLES.iter().any(|v| v.as_bytes() == name)
-        || CONTRACT_VARIABLE_PREFIXES
-            .iter()
-            .any(|p| name.starts_with(p.as_bytes()))
-}
+pub use hami_preload_core::decide::{Kept, PerNode, Untouched, VisibleGpus};
+pub use hami_preload_core::keys::{
+    CONTRACT_VARIABLE_PREFIXES, CONTRACT_VARIABLES, is_contract_variable,
+};
+pub use hami_preload_core::names::{
+    ENV_PRELOAD_DEBUG, NODE_GPUS_READ_LIMIT_BYTES, READ_LIMIT_BYTES,
+};
 
 /// True for a file key the library may export: a contract variable under a name HAMi-core reads
 /// (device indexes 0..=15 without leading zero).
@@ -81,44 +71,18 @@ pub fn is_exported_key(key: &str) -> bool {
     }
 }
 
-/// Why the environment was left as it was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Untouched {
-    /// No file at the path.
-    Missing,
-    /// The path is not a regular file (directory, FIFO, device, socket).
-    NotARegularFile,
-    /// The file could not be opened or read (permissions, I/O error).
-    Unreadable,
-    /// The file holds no memory limit that HAMi-core reads as a limit.
-    NoMemoryLimit,
-    /// The file is longer than [`READ_LIMIT_BYTES`] and its first bytes hold no complete line.
-    NoCompleteLine,
-}
-
-impl fmt::Display for Untouched {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Untouched::Missing => "no file",
-            Untouched::NotARegularFile => "not a regular file",
-            Untouched::Unreadable => "unreadable",
-            Untouched::NoMemoryLimit => "no memory limit in the file",
-            Untouched::NoCompleteLine => "no complete line in the first bytes of the file",
-        })
-    }
-}
-
 /// What to do to the environment when the file counts.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Overlay {
     /// Inherited contract variables to remove, in the order they were seen.
     pub remove: Vec<OsString>,
-    /// The file's contract entries to set, sorted by key.
+    /// The file's contract entries to set, sorted by key (`CUDA_DEVICE_MEMORY_LIMIT` replaced by
+    /// the per-node cap when one applies).
     pub set: Vec<(String, String)>,
     /// Lines of the file that were skipped (malformed, or a memory value that reads as no limit).
     pub skipped_lines: usize,
-    /// Well-formed entries that are not exported (outside the contract, or never read by HAMi-core).
-    pub ignored_keys: usize,
+    /// The per-node step, for a file with `HAMI_GPU_FRACTION`.
+    pub per_node: Option<PerNode>,
 }
 
 /// The decision for one process.
@@ -131,27 +95,75 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// One line for the opt-in diagnostic (no newline).
+    /// One line for the opt-in diagnostic (no newline), as the library prints it.
     pub fn summary(&self) -> String {
         match self {
-            Decision::Untouched(why) => format!("hami-preload: environment untouched: {why}"),
-            Decision::Apply(o) => format!(
-                "hami-preload: applied the limits file: set {}, removed {} inherited, skipped {} line(s), ignored {} key(s)",
-                o.set.len(),
-                o.remove.len(),
-                o.skipped_lines,
-                o.ignored_keys
-            ),
+            Decision::Untouched(why) => {
+                format!("hami-preload: environment untouched: {}", why.as_str())
+            }
+            Decision::Apply(o) => {
+                let mut line = format!(
+                    "hami-preload: applied the limits file: set {}, removed {} inherited, skipped {} line(s)",
+                    o.set.len(),
+                    o.remove.len(),
+                    o.skipped_lines
+                );
+                match o.per_node {
+                    None => {}
+                    Some(PerNode::Applied { mib, gpu_mib, gpus }) => line.push_str(&format!(
+                        "; per-node cap {mib} MiB (smallest of {gpus} visible GPU(s): {gpu_mib} MiB)"
+                    )),
+                    Some(PerNode::Kept(why)) => line.push_str(&format!(
+                        "; admission-time cap kept: {}",
+                        why.as_str()
+                    )),
+                }
+                line
+            }
         }
     }
 }
 
-/// Decide what to do with a file's first bytes.
+/// What the library finds on the node for the per-node step: the node GPU file's bytes (or why
+/// there are none) and the GPUs whose device nodes the container sees (or why `/dev` could not
+/// be listed).
+#[derive(Debug, Clone, Copy)]
+pub struct NodeView<'a> {
+    /// The node GPU file: the bytes read, or [`Kept::NodeFileMissing`],
+    /// [`Kept::NodeFileNotRegular`], [`Kept::NodeFileUnreadable`].
+    pub node_file: Result<&'a [u8], Kept>,
+    /// The container's `/dev/nvidia<N>` devices, or [`Kept::DeviceScanFailed`].
+    pub devices: Result<VisibleGpus, Kept>,
+}
+
+impl NodeView<'_> {
+    /// No node GPU file and no GPU device.
+    pub const ABSENT: NodeView<'static> = NodeView {
+        node_file: Err(Kept::NodeFileMissing),
+        devices: Ok(VisibleGpus::EMPTY),
+    };
+}
+
+/// Decide what to do with a file's first bytes, without a node GPU file ([`NodeView::ABSENT`]).
 ///
 /// `contents` are the bytes read (at most [`READ_LIMIT_BYTES`]); `truncated` is true when the file
 /// is longer than that, in which case everything after the last newline is dropped. `inherited`
 /// are the names of the process's environment variables.
 pub fn decide<I, S>(contents: &[u8], truncated: bool, inherited: I) -> Decision
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    decide_on_node(contents, truncated, inherited, &NodeView::ABSENT)
+}
+
+/// [`decide`], with what the node offers for the per-node step.
+pub fn decide_on_node<I, S>(
+    contents: &[u8],
+    truncated: bool,
+    inherited: I,
+    node: &NodeView<'_>,
+) -> Decision
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -170,12 +182,10 @@ where
         .iter()
         .filter(|d| d.severity == Severity::Error)
         .count();
-    let mut ignored_keys = 0;
-    let mut set: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut set: BTreeMap<&str, String> = BTreeMap::new();
     let mut has_memory_limit = false;
     for (key, value) in &parsed.entries {
         if !is_exported_key(key) {
-            ignored_keys += 1;
             continue;
         }
         if let KeyKind::Memory(_) = key_kind(key) {
@@ -187,10 +197,21 @@ where
                 }
             }
         }
-        set.insert(key, value);
+        set.insert(key, value.clone());
     }
     if !has_memory_limit {
         return Decision::Untouched(Untouched::NoMemoryLimit);
+    }
+    let per_node = parsed.entries.get(ENV_HAMI_GPU_FRACTION).map(|f| {
+        per_node(
+            f,
+            set.contains_key(ENV_CUDA_DEVICE_MEMORY_LIMIT),
+            parsed.entries.get(ENV_HAMI_NODE_GPUS).map(String::as_str),
+            node,
+        )
+    });
+    if let Some(PerNode::Applied { mib, .. }) = per_node {
+        set.insert(ENV_CUDA_DEVICE_MEMORY_LIMIT, format!("{mib}m"));
     }
     let remove = inherited
         .into_iter()
@@ -199,13 +220,64 @@ where
         .collect();
     Decision::Apply(Overlay {
         remove,
-        set: set
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect(),
+        set: set.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
         skipped_lines,
-        ignored_keys,
+        per_node,
     })
+}
+
+/// The per-node step of a file holding `HAMI_GPU_FRACTION=fraction`.
+fn per_node(
+    fraction: &str,
+    has_admission_cap: bool,
+    path: Option<&str>,
+    node: &NodeView<'_>,
+) -> PerNode {
+    let kept = PerNode::Kept;
+    let Some(digits) = fraction::parse_canonical(fraction.as_bytes()) else {
+        return kept(Kept::FractionMalformed);
+    };
+    if !has_admission_cap {
+        return kept(Kept::NoAdmissionCap);
+    }
+    let Some(path) = path else {
+        return kept(Kept::NoNodeGpusPath);
+    };
+    if !is_node_gpus_path(path.as_bytes()) {
+        return kept(Kept::NodeGpusPathInvalid);
+    }
+    let bytes = match node.node_file {
+        Ok(b) if b.len() > NODE_GPUS_READ_LIMIT_BYTES => return kept(Kept::NodeFileTooLarge),
+        Ok(b) => b,
+        Err(why) => return kept(why),
+    };
+    let file = node_gpus::parse(bytes);
+    if !file.usable() {
+        return kept(Kept::NodeFileInvalid);
+    }
+    let devices = match node.devices {
+        Ok(d) => d,
+        Err(why) => return kept(why),
+    };
+    if devices.mismatch() {
+        return kept(Kept::DeviceMismatch);
+    }
+    let mut smallest: Option<u64> = None;
+    let mut gpus = 0;
+    for minor in devices.minors() {
+        let Some(mib) = file.mib_for(minor) else {
+            return kept(Kept::GpuNotInFile(minor));
+        };
+        smallest = Some(smallest.map_or(mib, |s| s.min(mib)));
+        gpus += 1;
+    }
+    let Some(gpu_mib) = smallest else {
+        return kept(Kept::NoVisibleGpu);
+    };
+    match fraction::of_mib(digits, gpu_mib) {
+        0 => kept(Kept::BelowOneMib),
+        mib => PerNode::Applied { mib, gpu_mib, gpus },
+    }
 }
 
 #[cfg(test)]
@@ -215,7 +287,7 @@ mod tests {
     fn apply(file: &str, env: &[&str]) -> Overlay {
         match decide(file.as_bytes(), false, env) {
             Decision::Apply(o) => o,
-            Decision::Untouched(why) => panic!("untouched ({why}) for {file:?}"),
+            Decision::Untouched(why) => panic!("untouched ({}) for {file:?}", why.as_str()),
         }
     }
 
@@ -248,7 +320,7 @@ mod tests {
                 ("CUDA_DEVICE_SM_LIMIT".to_owned(), "50".to_owned()),
             ]
         );
-        assert_eq!((o.skipped_lines, o.ignored_keys), (0, 1)); // HAMI_LIMITS_FORMAT
+        assert_eq!((o.skipped_lines, o.per_node), (0, None));
     }
 
     #[test]
