@@ -17,11 +17,12 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::hami_core;
-use crate::limits_file::{LimitsFile, LimitsFileError};
+use crate::limits_file::{LimitsFile, LimitsFileError, project_value_problem};
 use crate::names::{
     ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_OVERSUBSCRIBE,
-    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_LIBCUDA_LOG_LEVEL,
-    ENV_LIBVGPU_HOSTPID_BROKER, container_dir_name, limits_file_name,
+    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_HAMI_GPU_FRACTION,
+    ENV_HAMI_NODE_GPUS, ENV_HAMI_UNCAPPED, ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER,
+    container_dir_name, limits_file_name,
 };
 use crate::values::{CorePolicy, MemoryLimitMib, SmLimit, TaskPriority};
 
@@ -307,6 +308,47 @@ impl LimitsBuilder {
         Ok(self)
     }
 
+    /// `HAMI_GPU_FRACTION=<fraction>` and `HAMI_NODE_GPUS=<node_gpus>`, both or neither (KAI
+    /// `gpu-fraction`, file delivery, beside the admission-time memory limit): with them the
+    /// preload library caps the container at `floor(fraction × MiB)` of the GPU(s) it sees on its
+    /// node, read from the node GPU file at `node_gpus` (a container path).
+    ///
+    /// # Errors
+    /// [`LimitsFileError::UnsafeValue`] for a fraction not in canonical form
+    /// ([`crate::limits_file::GPU_FRACTION_FORM`]) or a path that is not absolute or holds white
+    /// space; nothing is set then.
+    pub fn per_node_fraction(
+        &mut self,
+        fraction: &str,
+        node_gpus: &str,
+    ) -> Result<&mut Self, LimitsFileError> {
+        for (key, value) in [
+            (ENV_HAMI_GPU_FRACTION, fraction),
+            (ENV_HAMI_NODE_GPUS, node_gpus),
+        ] {
+            if let Some(reason) = project_value_problem(key, value) {
+                return Err(LimitsFileError::UnsafeValue {
+                    key: key.to_owned(),
+                    value: value.to_owned(),
+                    reason,
+                });
+            }
+        }
+        self.file.insert(ENV_HAMI_GPU_FRACTION, fraction)?;
+        self.file.insert(ENV_HAMI_NODE_GPUS, node_gpus)?;
+        Ok(self)
+    }
+
+    /// `HAMI_UNCAPPED=<reason>`: the container runs without a GPU memory cap (a KAI `gpu-fraction`
+    /// pod admitted with `kai.missingBasis: warn`), for `hami-limits check` to report.
+    ///
+    /// # Errors
+    /// [`LimitsFileError::UnsafeValue`] for a reason that is not a label (`a-z`, `0-9`, `-`).
+    pub fn uncapped(&mut self, reason: &str) -> Result<&mut Self, LimitsFileError> {
+        self.file.insert(ENV_HAMI_UNCAPPED, reason)?;
+        Ok(self)
+    }
+
     /// `CUDA_OVERSUBSCRIBE=true` (memory scaling above 1).
     pub fn oversubscribe(&mut self) -> &mut Self {
         // A fixed, valid key and value: cannot fail.
@@ -486,6 +528,52 @@ mod tests {
             assert_eq!(file.get(key), Some(value), "{key}={value:?}");
             assert!(warnings.is_empty());
         }
+    }
+
+    #[test]
+    fn per_node_fraction_is_both_keys_or_neither() {
+        let mut b = LimitsBuilder::new("c");
+        b.memory_limit(None, MemoryLimitMib::new(4096).unwrap())
+            .unwrap();
+        b.per_node_fraction("0.25", "/usr/local/vgpu/node-gpus")
+            .unwrap();
+        let (file, warnings) = b.finish();
+        assert!(warnings.is_empty());
+        let text = file.render();
+        assert_eq!(
+            text,
+            "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
+        );
+        assert!(crate::limits_file::parse(&text).is_clean());
+        for (fraction, path, key) in [
+            ("0.250", "/usr/local/vgpu/node-gpus", "HAMI_GPU_FRACTION"),
+            ("25e-2", "/usr/local/vgpu/node-gpus", "HAMI_GPU_FRACTION"),
+            ("0.25", "usr/local/vgpu/node-gpus", "HAMI_NODE_GPUS"),
+            ("0.25", "/usr/local/v gpu/node-gpus", "HAMI_NODE_GPUS"),
+        ] {
+            let mut b = LimitsBuilder::new("c");
+            let err = b.per_node_fraction(fraction, path).unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+            let (file, _) = b.finish();
+            assert_eq!(file.get("HAMI_GPU_FRACTION"), None, "{fraction} {path}");
+            assert_eq!(file.get("HAMI_NODE_GPUS"), None, "{fraction} {path}");
+        }
+    }
+
+    #[test]
+    fn an_uncapped_file_holds_the_reason_only() {
+        let mut b = LimitsBuilder::new("c");
+        b.uncapped("no-matching-node").unwrap();
+        let (file, _) = b.finish();
+        assert_eq!(
+            file.render(),
+            "HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=no-matching-node\n"
+        );
+        assert!(
+            LimitsBuilder::new("c")
+                .uncapped("no matching node")
+                .is_err()
+        );
     }
 
     #[test]

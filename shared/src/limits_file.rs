@@ -7,20 +7,36 @@
 //!
 //! [`parse`] is the reader the preload library uses (see [`crate::preload`]): a malformed line is
 //! reported and skipped, the lines after it still count, and a CRLF ending is stripped.
+//!
+//! Beside HAMi-core's variables a file may hold the project's own optional keys, which HAMi-core
+//! never reads and which no program exports to the environment:
+//! - `HAMI_GPU_FRACTION=0.<digits>` and `HAMI_NODE_GPUS=<path>` (KAI `gpu-fraction` pods, file
+//!   delivery): the pod's fraction and the node GPU file ([`crate::node_gpus`]) in the container.
+//!   With both, the preload library replaces the file's admission-time `CUDA_DEVICE_MEMORY_LIMIT`
+//!   (the fraction of the smallest GPU the pod could land on) by `floor(fraction × MiB)` of the
+//!   smallest GPU whose `/dev/nvidia<N>` the container sees, sized from the node file; when it
+//!   cannot (no or unusable node file, a visible GPU the file does not list, no visible GPU), the
+//!   admission-time cap stands.
+//! - `HAMI_UNCAPPED=<reason>`: a KAI `gpu-fraction` container admitted without a cap
+//!   (`kai.missingBasis: warn`); `hami-limits check` reports it.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::Serialize;
 
+use hami_preload_core::fraction::{MAX_PLACES, parse_canonical};
+
 use crate::hami_core::{self, KeyKind};
 use crate::names::{
-    ENV_HAMI_LIMITS_FORMAT, LIMITS_FORMAT_VERSION, MAX_DEVICE_INDEX, memory_limit_env,
+    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_HAMI_GPU_FRACTION, ENV_HAMI_LIMITS_FORMAT,
+    ENV_HAMI_NODE_GPUS, ENV_HAMI_UNCAPPED, LIMITS_FORMAT_VERSION, MAX_DEVICE_INDEX,
+    UNCAPPED_NO_MATCHING_NODE, UNCAPPED_NO_SOURCE, UNCAPPED_NOT_SYNCED, memory_limit_env,
 };
 use crate::values::{MemoryLimitMib, SmLimit};
 
 /// HAMi-core reads lines of up to this many bytes, newline included; longer lines are split.
-pub const MAX_LINE_BYTES: usize = 9_999;
+pub use hami_preload_core::lines::MAX_LINE_BYTES;
 
 /// A small, valid limits file, as the device plugin writes one for a container with one GPU
 /// share of 3000 MiB and 50 % of the cores (`hami-limits check --example`).
@@ -82,9 +98,7 @@ pub enum LimitsFileError {
 
 /// True for `[A-Z_][A-Z0-9_]*`.
 pub fn is_valid_key(key: &str) -> bool {
-    let mut bytes = key.bytes();
-    matches!(bytes.next(), Some(b'A'..=b'Z' | b'_'))
-        && bytes.all(|b| matches!(b, b'A'..=b'Z' | b'0'..=b'9' | b'_'))
+    hami_preload_core::lines::is_valid_key(key.as_bytes())
 }
 
 /// The limits for one container, sorted by key; always holds `HAMI_LIMITS_FORMAT=1`.
@@ -164,6 +178,7 @@ impl LimitsFile {
             KeyKind::UnreadIndex => Some(format!(
                 "HAMi-core never reads this key (device indexes are 0..={MAX_DEVICE_INDEX}, without leading zero)"
             )),
+            KeyKind::Other => project_value_problem(&key, &value),
             _ => None,
         };
         if let Some(reason) = refused {
@@ -248,6 +263,115 @@ impl LimitsFile {
 impl fmt::Display for LimitsFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.render())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The project's own optional keys
+// ---------------------------------------------------------------------------------------------
+//
+// HAMi-core reads none of them and older preload libraries ignore keys they do not know (a
+// format-1 reader keeps unknown keys and exports only the contract's variables), so they need no
+// new `HAMI_LIMITS_FORMAT`.
+
+/// The accepted form of a `HAMI_GPU_FRACTION` value, for messages (see
+/// [`hami_preload_core::fraction::parse_canonical`]).
+pub const GPU_FRACTION_FORM: &str = "0.<1..=64 digits, last not 0>";
+
+/// What `hami-limits check` suggests for a container without a cap: the fixes of the webhook's
+/// `kai.missingBasis: deny` message.
+const UNCAPPED_FIX: &str = "label the GPU nodes it can land on with nvidia.com/gpu.memory=<MiB> (GPU Feature Discovery does), set kai.perGpuVramMib, or request gpu-memory=<MiB> instead of gpu-fraction";
+
+/// True for a `HAMI_NODE_GPUS` value as the webhook writes it: a path the preload library opens
+/// ([`hami_preload_core::decide::is_node_gpus_path`]: absolute, at most 4095 bytes) without white
+/// space or control characters.
+pub fn is_node_gpus_path(path: &str) -> bool {
+    hami_preload_core::decide::is_node_gpus_path(path.as_bytes())
+        && !path.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// True for a reason label: 1 to 63 characters of `a-z`, `0-9` and `-`, starting with a letter and
+/// not ending with `-` (a Prometheus label value and a limits-file value alike).
+fn is_reason_label(value: &str) -> bool {
+    let b = value.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase()
+        && b[b.len() - 1] != b'-'
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// What is wrong with the value of one of the project's own keys (`HAMI_GPU_FRACTION`,
+/// `HAMI_NODE_GPUS`, `HAMI_UNCAPPED`), measured against the form the webhook writes; `None` when
+/// it is in that form, and for every other key. [`LimitsFile::insert`] refuses such a value.
+pub fn project_value_problem(key: &str, value: &str) -> Option<String> {
+    match key {
+        ENV_HAMI_GPU_FRACTION => parse_canonical(value.as_bytes()).is_none().then(|| {
+            format!("not of the form {GPU_FRACTION_FORM} (e.g. 0.25; at most {MAX_PLACES} places)")
+        }),
+        ENV_HAMI_NODE_GPUS => (!is_node_gpus_path(value))
+            .then(|| "not an absolute path without white space (at most 4095 bytes)".to_owned()),
+        ENV_HAMI_UNCAPPED => (!is_reason_label(value)).then(|| {
+            "not a reason label (a-z, 0-9 and '-', starting with a letter, at most 63 characters)"
+                .to_owned()
+        }),
+        _ => None,
+    }
+}
+
+/// Why the webhook admitted a `gpu-fraction` pod without a cap, for an [`ENV_HAMI_UNCAPPED`]
+/// reason label; `None` for a label it never writes.
+pub fn uncapped_reason(label: &str) -> Option<&'static str> {
+    match label {
+        UNCAPPED_NO_SOURCE => Some(
+            "the webhook had no source of per-GPU VRAM: no kai.perGpuVramMib and no node watch or --nodes list",
+        ),
+        UNCAPPED_NOT_SYNCED => Some(
+            "the webhook had not read the GPU node list yet (its node watch was starting or failing)",
+        ),
+        UNCAPPED_NO_MATCHING_NODE => Some(
+            "no GPU node the pod can be placed on (nodeName, nodeSelector, required node affinity) carries a usable nvidia.com/gpu.memory label",
+        ),
+        _ => None,
+    }
+}
+
+/// What `hami-limits check` says about one of the project's own keys: a value in another form
+/// than the webhook writes, with what the preload library then does, and `HAMI_UNCAPPED` always
+/// (the container runs without a GPU memory cap).
+pub fn project_entry_warnings(key: &str, value: &str) -> Vec<String> {
+    let problem = project_value_problem(key, value);
+    match key {
+        ENV_HAMI_GPU_FRACTION => problem
+            .map(|p| {
+                format!(
+                    "{p}: the preload library ignores it, so the file's CUDA_DEVICE_MEMORY_LIMIT (the admission-time cap, from the smallest GPU the pod could land on) stands instead of the exact fraction of the GPU the container sees"
+                )
+            })
+            .into_iter()
+            .collect(),
+        ENV_HAMI_NODE_GPUS => problem
+            .map(|p| {
+                format!(
+                    "{p}: the preload library cannot read the node GPU file there, so the file's CUDA_DEVICE_MEMORY_LIMIT (the admission-time cap) stands"
+                )
+            })
+            .into_iter()
+            .collect(),
+        ENV_HAMI_UNCAPPED => {
+            let why = match (problem, uncapped_reason(value)) {
+                (Some(p), _) => format!("reason {p}"),
+                (None, Some(why)) => why.to_owned(),
+                (None, None) => format!(
+                    "reason {value:?} is not one the webhook writes ({UNCAPPED_NO_SOURCE}, {UNCAPPED_NOT_SYNCED}, {UNCAPPED_NO_MATCHING_NODE})"
+                ),
+            };
+            vec![format!(
+                "this container runs without a GPU memory cap: its KAI gpu-fraction pod was admitted uncapped because kai.missingBasis is warn and {why}; HAMi-core is loaded but limits no memory. To cap it: {UNCAPPED_FIX}, and recreate the pod (kai.missingBasis: deny, the default, refuses such pods instead)"
+            )]
+        }
+        _ => Vec::new(),
     }
 }
 
@@ -478,7 +602,10 @@ impl LineParser {
                 }
             }
         } else {
-            for w in hami_core::check_entry(key, value) {
+            for w in hami_core::check_entry(key, value)
+                .into_iter()
+                .chain(project_entry_warnings(key, value))
+            {
                 warning(format!("{key}={value:?}: {w}"));
             }
         }
@@ -488,6 +615,36 @@ impl LineParser {
     /// After the last line: `ends_with_newline` is false when the input's last line had no
     /// newline (a truncated file?). An input of no lines at all is reported as empty.
     pub fn finish(&mut self, ends_with_newline: bool, report: &mut impl FnMut(Diagnostic)) {
+        // The per-node cap needs both keys: one alone does nothing.
+        for (present, absent) in [
+            (ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS),
+            (ENV_HAMI_NODE_GPUS, ENV_HAMI_GPU_FRACTION),
+        ] {
+            if let (Some(&line), false) = (
+                self.first_seen.get(present),
+                self.entries.contains_key(absent),
+            ) {
+                report(Diagnostic {
+                    line,
+                    severity: Severity::Warning,
+                    message: format!(
+                        "{present} without {absent}: the preload library computes the per-node cap only from both, so the file's CUDA_DEVICE_MEMORY_LIMIT (the admission-time cap) stands"
+                    ),
+                });
+            }
+        }
+        if let (Some(&line), false) = (
+            self.first_seen.get(ENV_HAMI_GPU_FRACTION),
+            self.entries.contains_key(ENV_CUDA_DEVICE_MEMORY_LIMIT),
+        ) {
+            report(Diagnostic {
+                line,
+                severity: Severity::Warning,
+                message: format!(
+                    "{ENV_HAMI_GPU_FRACTION} without {ENV_CUDA_DEVICE_MEMORY_LIMIT}: the preload library replaces the admission-time {ENV_CUDA_DEVICE_MEMORY_LIMIT} by the per-node cap, and there is none to replace here"
+                ),
+            });
+        }
         if self.line == 0 {
             report(Diagnostic {
                 line: 1,
@@ -605,6 +762,177 @@ mod tests {
                 .map(String::as_str),
             Some("3000m")
         );
+    }
+
+    /// The file of a KAI gpu-fraction container in file delivery, as the webhook projects it.
+    const FRACTION_FILE: &str = "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_GPU_FRACTION=0.25\n\
+        HAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n";
+
+    #[test]
+    fn per_node_fraction_keys_are_accepted_and_check_clean() {
+        let mut f = LimitsFile::new();
+        f.insert("CUDA_DEVICE_MEMORY_LIMIT", "4096m").unwrap();
+        f.insert("HAMI_GPU_FRACTION", "0.25").unwrap();
+        f.insert("HAMI_NODE_GPUS", "/usr/local/vgpu/node-gpus")
+            .unwrap();
+        assert_eq!(f.render(), FRACTION_FILE);
+        let p = parse(FRACTION_FILE);
+        assert_eq!(p.diagnostics, vec![], "{FRACTION_FILE}");
+        assert_eq!(p.format, Some(1));
+        assert_eq!(p.entries["HAMI_GPU_FRACTION"], "0.25");
+        // The longest canonical fraction: 64 places.
+        let longest = format!("0.{}1", "0".repeat(MAX_PLACES - 1));
+        assert!(f.insert("HAMI_GPU_FRACTION", longest.as_str()).is_ok());
+        assert!(parse(&f.render()).is_clean());
+        assert!(GPU_FRACTION_FORM.contains(&MAX_PLACES.to_string()));
+    }
+
+    #[test]
+    fn per_node_fraction_keys_in_another_form_are_refused_and_warned_about() {
+        let too_long = format!("0.{}1", "0".repeat(MAX_PLACES));
+        for value in [
+            "0.50",
+            ".5",
+            "0.",
+            "1.0",
+            "5e-1",
+            "0.5 ",
+            "0,5",
+            "00.5",
+            too_long.as_str(),
+        ] {
+            let mut f = LimitsFile::new();
+            let err = f.insert("HAMI_GPU_FRACTION", value).unwrap_err();
+            assert!(
+                err.to_string().contains("HAMI_GPU_FRACTION")
+                    && err.to_string().contains(GPU_FRACTION_FORM),
+                "{value:?}: {err}"
+            );
+            let text = format!(
+                "CUDA_DEVICE_MEMORY_LIMIT=1m\nHAMI_GPU_FRACTION={value}\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/n\n"
+            );
+            let p = parse(&text);
+            assert_eq!(p.diagnostics.len(), 1, "{value:?}: {:?}", p.diagnostics);
+            let d = &p.diagnostics[0];
+            assert_eq!((d.line, d.severity), (2, Severity::Warning));
+            for needle in [
+                GPU_FRACTION_FORM,
+                "preload library ignores it",
+                "CUDA_DEVICE_MEMORY_LIMIT",
+            ] {
+                assert!(d.message.contains(needle), "{needle}: {}", d.message);
+            }
+        }
+        let too_long = format!("/{}", "a".repeat(4095));
+        for value in [
+            "",
+            "relative/node-gpus",
+            "/with space",
+            "/tab\there",
+            "~/node-gpus",
+            too_long.as_str(),
+        ] {
+            let mut f = LimitsFile::new();
+            let err = f.insert("HAMI_NODE_GPUS", value).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("not an absolute path without white space"),
+                "{value:?}: {err}"
+            );
+            let text = format!(
+                "CUDA_DEVICE_MEMORY_LIMIT=1m\nHAMI_GPU_FRACTION=0.5\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS={value}\n"
+            );
+            let p = parse(&text);
+            assert_eq!(p.diagnostics.len(), 1, "{value:?}: {:?}", p.diagnostics);
+            assert_eq!(p.diagnostics[0].line, 4);
+            assert!(
+                p.diagnostics[0]
+                    .message
+                    .contains("cannot read the node GPU file"),
+                "{:?}",
+                p.diagnostics
+            );
+        }
+    }
+
+    #[test]
+    fn one_per_node_key_without_the_other_is_reported() {
+        let p =
+            parse("CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\n");
+        assert_eq!(p.diagnostics.len(), 1, "{:?}", p.diagnostics);
+        assert_eq!(p.diagnostics[0].line, 2);
+        assert!(
+            p.diagnostics[0]
+                .message
+                .starts_with("HAMI_GPU_FRACTION without HAMI_NODE_GPUS: "),
+            "{:?}",
+            p.diagnostics
+        );
+        let p = parse("HAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n");
+        assert_eq!(p.diagnostics.len(), 1, "{:?}", p.diagnostics);
+        assert_eq!(p.diagnostics[0].line, 2);
+        assert!(
+            p.diagnostics[0]
+                .message
+                .starts_with("HAMI_NODE_GPUS without HAMI_GPU_FRACTION: "),
+            "{:?}",
+            p.diagnostics
+        );
+        // The per-node cap replaces the global admission-time limit: a per-device one is not it.
+        let p = parse(
+            "CUDA_DEVICE_MEMORY_LIMIT_0=4096m\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/n\n",
+        );
+        assert_eq!(p.diagnostics.len(), 1, "{:?}", p.diagnostics);
+        assert_eq!(p.diagnostics[0].line, 2);
+        assert!(
+            p.diagnostics[0]
+                .message
+                .starts_with("HAMI_GPU_FRACTION without CUDA_DEVICE_MEMORY_LIMIT: "),
+            "{:?}",
+            p.diagnostics
+        );
+    }
+
+    #[test]
+    fn uncapped_is_always_reported_with_its_reason() {
+        use crate::names::UNCAPPED_REASONS;
+        for reason in UNCAPPED_REASONS {
+            let mut f = LimitsFile::new();
+            f.insert("HAMI_UNCAPPED", reason).unwrap();
+            let text = f.render();
+            assert_eq!(
+                text,
+                format!("HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED={reason}\n")
+            );
+            let p = parse(&text);
+            assert_eq!(p.diagnostics.len(), 1, "{:?}", p.diagnostics);
+            let d = &p.diagnostics[0];
+            assert_eq!((d.line, d.severity), (2, Severity::Warning));
+            let why = uncapped_reason(reason).unwrap();
+            for needle in [
+                "runs without a GPU memory cap",
+                "kai.missingBasis is warn",
+                why,
+                "kai.perGpuVramMib",
+            ] {
+                assert!(d.message.contains(needle), "{needle}: {}", d.message);
+            }
+        }
+        // A label the webhook never writes is still a missing cap.
+        let p = parse("HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=some-day\n");
+        assert!(
+            p.diagnostics[0]
+                .message
+                .contains("not one the webhook writes"),
+            "{:?}",
+            p.diagnostics
+        );
+        for bad in ["", "No-Source", "no source", "-x", "x-", "a\u{e9}"] {
+            assert!(
+                LimitsFile::new().insert("HAMI_UNCAPPED", bad).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

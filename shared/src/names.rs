@@ -15,6 +15,30 @@ pub use hami_preload_core::names::{
 };
 
 // ---------------------------------------------------------------------------------------------
+// The limits file's own keys that only `hami-limits check` reads
+// ---------------------------------------------------------------------------------------------
+
+/// Limits-file key of a KAI `gpu-fraction` container admitted **without** a GPU memory cap
+/// (`kai.missingBasis: warn`, file delivery): the reason, as the `reason` label of
+/// `hami_webhook_kai_fraction_caps_skipped_total`, one of [`UNCAPPED_REASONS`]. No program acts on
+/// it (the file holds no memory limit, so the preload library leaves the environment untouched);
+/// it is there so that `hami-limits check /overrideEnv` inside the container says so.
+pub const ENV_HAMI_UNCAPPED: &str = "HAMI_UNCAPPED";
+/// [`ENV_HAMI_UNCAPPED`] reason: neither `kai.perGpuVramMib` nor a node watch (nor `--nodes`).
+pub const UNCAPPED_NO_SOURCE: &str = "no-source";
+/// [`ENV_HAMI_UNCAPPED`] reason: the webhook had not read the GPU node list yet.
+pub const UNCAPPED_NOT_SYNCED: &str = "not-synced";
+/// [`ENV_HAMI_UNCAPPED`] reason: no GPU node the pod can land on has a usable
+/// `nvidia.com/gpu.memory` label.
+pub const UNCAPPED_NO_MATCHING_NODE: &str = "no-matching-node";
+/// Every [`ENV_HAMI_UNCAPPED`] reason.
+pub const UNCAPPED_REASONS: [&str; 3] = [
+    UNCAPPED_NO_SOURCE,
+    UNCAPPED_NOT_SYNCED,
+    UNCAPPED_NO_MATCHING_NODE,
+];
+
+// ---------------------------------------------------------------------------------------------
 // Pod annotations (HAMi)
 // ---------------------------------------------------------------------------------------------
 
