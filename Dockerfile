@@ -104,7 +104,7 @@ RUN set -eu; \
 
 # The preload library, as scripts/build-preload builds it: linked by zig against glibc 2.17 symbol
 # stubs (cargo-zigbuild), then checked by scripts/check-preload-abi (no symbol version newer than
-# GLIBC_2.17, no library beyond glibc's and libgcc_s). Its own stages, so that only the device
+# GLIBC_2.17, no library but libc.so.6, no panic path, at most 64 KiB). Its own stages, so that only the device
 # plugin image needs them. The tools (PyPI wheels, pinned in scripts/requirements-build.txt) come
 # first, in a layer that survives source changes; cargo-zigbuild finds zig via `python3 -m ziglang`.
 FROM ${RUST_IMAGE} AS zig-tools
@@ -124,14 +124,14 @@ COPY --from=skeleton /src /src
 # x86_64 only (scripts/check-preload-abi checks for it): build on, or with --platform, linux/amd64.
 RUN test "$(uname -m)" = x86_64 \
       || { echo "libhami_preload.so is built for x86_64 only; build with --platform linux/amd64" >&2; exit 1; } \
- && cargo zigbuild --release --locked -p hami-preload --lib --target x86_64-unknown-linux-gnu.2.17
+ && cargo zigbuild --profile preload --locked -p hami-preload --lib --target x86_64-unknown-linux-gnu.2.17
 COPY . .
 ARG SOURCE_DATE_EPOCH=0
 RUN set -eu; \
     find shared preload preload-core -name '*.rs' -exec touch {} +; \
-    cargo zigbuild --release --locked -p hami-preload --lib --target x86_64-unknown-linux-gnu.2.17; \
-    scripts/check-preload-abi target/x86_64-unknown-linux-gnu/release/libhami_preload.so; \
-    install -D -m 0644 target/x86_64-unknown-linux-gnu/release/libhami_preload.so \
+    cargo zigbuild --profile preload --locked -p hami-preload --lib --target x86_64-unknown-linux-gnu.2.17; \
+    scripts/check-preload-abi target/x86_64-unknown-linux-gnu/preload/libhami_preload.so; \
+    install -D -m 0644 target/x86_64-unknown-linux-gnu/preload/libhami_preload.so \
         /out/lib/libhami_preload.so; \
     touch --no-dereference --date="@${SOURCE_DATE_EPOCH}" /out/lib/libhami_preload.so
 

@@ -476,3 +476,174 @@ fn diagnostics_only_when_asked_and_never_in_secure_mode() {
     assert_eq!(out.stderr, "", "secure mode must stay silent: {out:#?}");
     assert_env(&out, &want);
 }
+
+/// A KAI `gpu-fraction: "0.5"` container's file as the webhook writes it: the admission-time cap
+/// (half of the smallest card the pod could land on, 81,559 MiB) and the per-node keys.
+const KAI_FRACTION_FILE: &str = "CUDA_DEVICE_MEMORY_LIMIT=40779m\nHAMI_GPU_FRACTION=0.5\n\
+HAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/hook/node-gpus\n";
+/// A node with an 80 GiB card (minor 0, 81,559 MiB) and a 141 GiB H200 (minor 3, 143,771 MiB as
+/// NVML reports it).
+const NODE_80_141: &str = "HAMI_NODE_GPUS_FORMAT=1\nNVIDIA0_MIB=81559\nNVIDIA0_UUID=GPU-a100\n\
+NVIDIA3_MIB=143771\nNVIDIA3_UUID=GPU-h200\n";
+
+/// What sits at `/dev/<name>` in the test root.
+enum Dev {
+    /// A character device `major:minor`.
+    Char(&'static str, u32, u32),
+    /// A regular file.
+    File(&'static str),
+}
+
+impl Root {
+    fn with_node(file: &str, node: Option<&[u8]>, devs: &[Dev]) -> Root {
+        let root = Root::new(Override::File(file.as_bytes()), Via::LdSoPreload);
+        let r = root.dir.path();
+        if let Some(node) = node {
+            fs::write(r.join("hook/node-gpus"), node).unwrap();
+            fs::set_permissions(r.join("hook/node-gpus"), fs::Permissions::from_mode(0o444))
+                .unwrap();
+        }
+        for d in devs {
+            match d {
+                Dev::Char(name, major, minor) => {
+                    let status = Command::new("mknod")
+                        .arg(r.join("dev").join(name))
+                        .args(["c", &major.to_string(), &minor.to_string()])
+                        .status()
+                        .unwrap();
+                    assert!(status.success(), "mknod {name} (needs root)");
+                }
+                Dev::File(name) => fs::write(r.join("dev").join(name), b"").unwrap(),
+            }
+        }
+        root
+    }
+}
+
+#[test]
+fn a_fraction_is_sized_to_the_gpus_the_container_sees() {
+    let node = Some(NODE_80_141.as_bytes());
+    let nv0 = Dev::Char("nvidia0", 195, 0);
+    let nv3 = || Dev::Char("nvidia3", 195, 3);
+    let ctl = || Dev::Char("nvidiactl", 195, 255);
+    /// What, the node file, the devices, the cap wanted.
+    type Case<'a> = (&'a str, Option<&'a [u8]>, Vec<Dev>, &'a str);
+    let cases: Vec<Case<'_>> = vec![
+        ("the 141 GiB card", node, vec![ctl(), nv3()], "71885m"),
+        (
+            "the 80 GiB card",
+            node,
+            vec![ctl(), Dev::Char("nvidia0", 195, 0)],
+            "40779m",
+        ),
+        ("both cards: the smaller", node, vec![nv0, nv3()], "40779m"),
+        (
+            "no node file: the admission-time cap",
+            None,
+            vec![nv3()],
+            "40779m",
+        ),
+        (
+            "malformed node file",
+            Some(b"HAMI_NODE_GPUS_FORMAT=1\nNVIDIA3_MIB=143,771\n"),
+            vec![nv3()],
+            "40779m",
+        ),
+        (
+            "node file of another format",
+            Some(b"HAMI_NODE_GPUS_FORMAT=2\nNVIDIA3_MIB=143771\n"),
+            vec![nv3()],
+            "40779m",
+        ),
+        ("no device node", node, vec![ctl()], "40779m"),
+        (
+            "a visible GPU the file does not list",
+            node,
+            vec![nv3(), Dev::Char("nvidia5", 195, 5)],
+            "40779m",
+        ),
+        (
+            "a regular file named nvidia3",
+            node,
+            vec![Dev::File("nvidia3")],
+            "40779m",
+        ),
+        (
+            "nvidia3 that is 195:0",
+            node,
+            vec![Dev::Char("nvidia3", 195, 0)],
+            "40779m",
+        ),
+        (
+            "nvidia3 of another major",
+            node,
+            vec![Dev::Char("nvidia3", 1, 3)],
+            "40779m",
+        ),
+    ];
+    // Variables a user could set to lift or move the cap: none counts.
+    let mut vars: Vec<&str> = SPOOF.to_vec();
+    vars.extend(["NVIDIA_VISIBLE_DEVICES=GPU-a100", "HAMI_GPU_FRACTION=0.99"]);
+    for (what, node_file, devs, want) in cases {
+        let root = Root::with_node(KAI_FRACTION_FILE, node_file, &devs);
+        let out = root.run(None, &vars, &["/probe"]);
+        out.ok();
+        let want_line = format!("CUDA_DEVICE_MEMORY_LIMIT={want}");
+        let mut expected = vec![
+            want_line.as_str(),
+            "NVIDIA_VISIBLE_DEVICES=GPU-a100",
+            "HAMI_GPU_FRACTION=0.99",
+        ];
+        expected.sort();
+        assert_eq!(out.env(), expected, "{what}: {out:#?}");
+        // An SSH-like login (nothing inherited) and another user get the same cap.
+        let login = root.run(
+            Some("65534:65534"),
+            &[],
+            &[
+                "/bin/sh",
+                "-c",
+                "printf '%s\\n' \"$CUDA_DEVICE_MEMORY_LIMIT\"",
+            ],
+        );
+        assert_eq!(login.ok().lines(), vec![want], "{what} (as nobody)");
+    }
+}
+
+#[test]
+fn the_per_node_step_says_what_it_did_when_asked() {
+    let root = Root::with_node(
+        KAI_FRACTION_FILE,
+        Some(NODE_80_141.as_bytes()),
+        &[Dev::Char("nvidia3", 195, 3)],
+    );
+    let out = root.run(None, &["HAMI_PRELOAD_DEBUG=1"], &["/probe"]);
+    assert_eq!(
+        out.stderr,
+        "hami-preload: applied the limits file: set 1, removed 0 inherited, skipped 0 line(s); \
+         per-node cap 71885 MiB (smallest of 1 visible GPU(s): 143771 MiB) (/overrideEnv)\n"
+    );
+    // The same line as the reference decision's summary, over the same inputs.
+    let mut visible = hami_shared::preload::VisibleGpus::new();
+    visible.add(3);
+    let reference = hami_shared::preload::decide_on_node(
+        KAI_FRACTION_FILE.as_bytes(),
+        false,
+        Vec::<std::ffi::OsString>::new(),
+        &hami_shared::preload::NodeView {
+            node_file: Ok(NODE_80_141.as_bytes()),
+            devices: Ok(visible),
+        },
+    );
+    assert_eq!(
+        out.stderr,
+        format!("{} (/overrideEnv)\n", reference.summary())
+    );
+    let root = Root::with_node(KAI_FRACTION_FILE, None, &[Dev::Char("nvidia3", 195, 3)]);
+    let out = root.run(None, &["HAMI_PRELOAD_DEBUG=1"], &["/probe"]);
+    assert!(
+        out.stderr
+            .ends_with("; admission-time cap kept: no node GPU file (/overrideEnv)\n"),
+        "{out:#?}"
+    );
+}
