@@ -171,6 +171,7 @@ mod tests {
         Gpu {
             uuid: uuid.into(),
             index,
+            minor: index,
             name: "NVIDIA H200".into(),
             memory_mib: 143_771,
             numa_node: Some(1),

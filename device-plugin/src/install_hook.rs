@@ -1,5 +1,6 @@
 //! `hami-device-plugin install-hook`: puts HAMi-core and the hami-limits preload library into the
-//! hook path on the host, with an `ld.so.preload` generated for that path.
+//! hook path on the host, with an `ld.so.preload` generated for that path, and publishes the node
+//! GPU file beside them.
 //!
 //! What ends up under `HOOK/vgpu` (each file `0644`, the directories `0755`):
 //!
@@ -7,17 +8,31 @@
 //!   or `libvgpu.so.<version>` (HAMi images since v2.5 carry only the versioned name);
 //! - `libhami_preload.so`: the preload library (`--preload`), which loads `/overrideEnv` into the
 //!   environment before `main`;
+//! - `node-gpus`: **generated**, the node GPU file ([`hami_shared::node_gpus`]: each GPU's minor
+//!   number, UUID and MiB), from NVML or, with `--inventory FILE`, from the inventory file. The
+//!   preload library reads it in KAI `gpu-fraction` containers. Without a GPU list (NVML not
+//!   loadable and no inventory, or a source listing no GPU) it is not published and a file already
+//!   there is removed: a wrong file is worse than none (readers then keep the admission-time cap);
 //! - `ld.so.preload`: **generated**, `HOOK/vgpu/libhami_preload.so` then `HOOK/vgpu/libvgpu.so`,
 //!   one absolute path a line. Never copied from the image: HAMi's copy hard-codes
 //!   `/usr/local/vgpu/libvgpu.so` whatever the hook path (HAMi#2017).
 //!
 //! The module is split in two: [`plan_install`] decides, purely, what to install from what a scan
-//! of the directory found ([`FoundEntry`]); [`execute`] does the file I/O. Each file is written to
-//! a temporary file beside its final name, `fsync`ed, renamed over it and the directory `fsync`ed
+//! of the directory found ([`FoundEntry`]) and what the GPU source listed ([`GpuListing`], read by
+//! [`list_gpus`]); [`execute`] does the file I/O. Each file is written to a temporary file beside
+//! its final name, `fsync`ed, renamed over it and the directory `fsync`ed
 //! ([`hami_shared::publish_atomic`]), so a library that running processes map is never
 //! overwritten in place, and the libraries go first and `ld.so.preload` last, so that at every
 //! moment (including after a failure or a crash) `ld.so.preload` is the previous complete one or
-//! absent, and never names a library that is not there.
+//! absent, and never names a library that is not there. `node-gpus` goes between them (or, when
+//! withdrawn, is removed before any file is installed): whatever a new `ld.so.preload` activates
+//! finds the node file of this run, never the previous one.
+//!
+//! A GPU list that cannot be read (an unreadable or malformed inventory file, an NVML call failing
+//! for one GPU) or a GPU the file cannot hold ([`NodeGpusError`]) is an error, found by the plan
+//! before anything is written: the libraries and `ld.so.preload` stay as they were (complete, and
+//! right whatever the hardware), but a `node-gpus` already there is removed, since this run can no
+//! longer vouch for it ([`InstallHookError::node_gpus_to_withdraw`]).
 
 use std::fmt;
 use std::fs;
@@ -27,10 +42,15 @@ use std::path::{Component, Path, PathBuf};
 
 use clap::Args;
 use hami_shared::names::{
-    CONTAINERS_DIR, DEFAULT_HOOK_PATH, LD_SO_PRELOAD_FILE, LIBHAMI_PRELOAD_SO, LIBVGPU_SO, VGPU_DIR,
+    CONTAINERS_DIR, DEFAULT_HOOK_PATH, LD_SO_PRELOAD_FILE, LIBHAMI_PRELOAD_SO, LIBVGPU_SO,
+    NODE_GPUS_FILE, VGPU_DIR,
 };
+use hami_shared::node_gpus::{NodeGpu, NodeGpus, NodeGpusError};
 use hami_shared::publish::PUBLISHED_MODE;
 use hami_shared::{PublishError, publish_atomic, sweep_temp_files};
+
+use crate::inventory::{ENV_INVENTORY, FileInventory, Gpu, GpuInventory, InventoryError};
+use crate::nvml::NvmlInventory;
 
 /// The first bytes of every ELF file.
 pub const ELF_MAGIC: &[u8] = b"\x7fELF";
@@ -58,6 +78,10 @@ pub struct InstallHookArgs {
     /// path without whitespace, `:` or `..`; the files go to `HOOK/vgpu/`.
     #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
     pub hook_path: PathBuf,
+    /// YAML list of GPUs (the file `run --inventory` reads) for `HOOK/vgpu/node-gpus`, on a
+    /// machine without NVIDIA GPUs; without it the GPUs come from NVML.
+    #[arg(long = "inventory", env = ENV_INVENTORY, value_name = "FILE")]
+    pub inventory: Option<PathBuf>,
 }
 
 /// Why `install-hook` failed; every variant names the path or the value at fault.
@@ -146,7 +170,8 @@ pub enum InstallHookError {
         #[source]
         source: io::Error,
     },
-    /// A directory created could not be `fsync`ed (its creation may not be durable).
+    /// A directory could not be `fsync`ed (a directory created or a file removed in it may not be
+    /// durable).
     #[error(transparent)]
     SyncDir(PublishError),
     /// Leftover temporary files of an earlier run could not be removed.
@@ -161,6 +186,36 @@ pub enum InstallHookError {
         #[source]
         source: PublishError,
     },
+    /// The GPUs for the node GPU file could not be listed: the inventory file is unreadable or
+    /// malformed (the message names the entry), or an NVML call failed for a GPU.
+    #[error("cannot list the GPUs for {path}: {error}")]
+    GpuList {
+        /// The node GPU file.
+        path: PathBuf,
+        /// What the source reported.
+        #[source]
+        error: InventoryError,
+    },
+    /// A GPU the node GPU file cannot hold (the message names the GPU, the field and the range).
+    #[error("cannot write the GPUs of {from} into {path}: {error}")]
+    NodeGpus {
+        /// The node GPU file.
+        path: PathBuf,
+        /// Where the GPUs came from.
+        from: GpuSource,
+        /// The GPU and what is wrong with it.
+        #[source]
+        error: NodeGpusError,
+    },
+    /// A node GPU file to withdraw could not be removed (or its removal not made durable).
+    #[error("cannot remove {path}: {source}")]
+    Withdraw {
+        /// The node GPU file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl InstallHookError {
@@ -171,6 +226,171 @@ impl InstallHookError {
             _ => 1,
         }
     }
+
+    /// The node GPU file a run refused with this error must not leave behind: after a GPU list
+    /// that cannot be read or written, a `node-gpus` from an earlier run may describe other GPUs,
+    /// and a wrong file is worse than none. `None` for every other error (nothing is touched).
+    pub fn node_gpus_to_withdraw(&self) -> Option<&Path> {
+        match self {
+            Self::GpuList { path, .. } | Self::NodeGpus { path, .. } => Some(path),
+            _ => None,
+        }
+    }
+}
+
+/// Where the GPUs of the node GPU file come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSource {
+    /// NVML (`libnvidia-ml.so.1`, given to the container by the NVIDIA runtime).
+    Nvml,
+    /// An inventory file (`--inventory FILE`).
+    InventoryFile(PathBuf),
+}
+
+impl fmt::Display for GpuSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Nvml => f.write_str("NVML"),
+            Self::InventoryFile(path) => write!(f, "inventory file {}", path.display()),
+        }
+    }
+}
+
+/// What the GPU source gave ([`list_gpus`]), the input of [`plan_install`]'s node GPU file.
+#[derive(Debug)]
+pub enum GpuListing {
+    /// The GPUs the source lists (possibly none).
+    Listed {
+        /// NVML or the inventory file.
+        source: GpuSource,
+        /// The GPUs, in index order.
+        gpus: Vec<Gpu>,
+    },
+    /// NVML cannot be loaded (no driver library in the container, no GPU driver) and no inventory
+    /// file was given.
+    NvmlUnavailable {
+        /// NVML's error.
+        reason: String,
+    },
+    /// The source failed: an unreadable or malformed inventory file, an NVML call failing for a
+    /// GPU.
+    Failed(InventoryError),
+}
+
+/// Reads the GPUs: the inventory file when given, else NVML.
+pub fn list_gpus(inventory: Option<&Path>) -> GpuListing {
+    let (source, listed) = match inventory {
+        Some(path) => (
+            GpuSource::InventoryFile(path.to_path_buf()),
+            FileInventory::new(path).discover(),
+        ),
+        None => (
+            GpuSource::Nvml,
+            NvmlInventory::init().and_then(|nvml| nvml.discover()),
+        ),
+    };
+    match listed {
+        Ok(gpus) => GpuListing::Listed { source, gpus },
+        Err(InventoryError::NvmlUnavailable(reason)) => GpuListing::NvmlUnavailable { reason },
+        Err(error) => GpuListing::Failed(error),
+    }
+}
+
+/// Why no node GPU file is published (the text is the warning `install-hook` logs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoNodeGpus {
+    /// NVML cannot be loaded and no inventory file was given.
+    NvmlUnavailable(String),
+    /// The source lists no GPU.
+    NoGpu(GpuSource),
+}
+
+impl fmt::Display for NoNodeGpus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NvmlUnavailable(reason) => write!(
+                f,
+                "NVML is not available ({reason}): give this container NVML (the NVIDIA container \
+                 runtime, e.g. runtimeClassName nvidia, with NVIDIA_VISIBLE_DEVICES=all and \
+                 NVIDIA_DRIVER_CAPABILITIES=utility), or on a machine without NVIDIA GPUs pass \
+                 --inventory FILE (env {ENV_INVENTORY})"
+            ),
+            Self::NoGpu(GpuSource::Nvml) => f.write_str(
+                "NVML lists no GPU: give this container every GPU (NVIDIA_VISIBLE_DEVICES=all \
+                 through the NVIDIA container runtime)",
+            ),
+            Self::NoGpu(source) => {
+                write!(f, "the {source} lists no GPU: list the node's GPUs in it")
+            }
+        }?;
+        f.write_str(
+            "; until then the preload library keeps the admission-time memory cap of KAI \
+             gpu-fraction containers on this node",
+        )
+    }
+}
+
+/// What [`plan_install`] decided about `HOOK/vgpu/node-gpus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeGpusPlan {
+    /// Publish these GPUs (the file is in [`InstallPlan::files`], before `ld.so.preload`).
+    Publish {
+        /// `HOOK/vgpu/node-gpus`.
+        path: PathBuf,
+        /// Where the GPUs came from.
+        from: GpuSource,
+        /// The GPUs.
+        gpus: NodeGpus,
+    },
+    /// Publish nothing, and remove a file already there (before any file is installed).
+    Withdraw {
+        /// `HOOK/vgpu/node-gpus`.
+        path: PathBuf,
+        /// Why.
+        reason: NoNodeGpus,
+    },
+}
+
+/// The pure decision about the node GPU file at `path` from what the GPU source gave.
+///
+/// # Errors
+/// [`InstallHookError::GpuList`] when the source failed, [`InstallHookError::NodeGpus`] for a GPU
+/// the file cannot hold (minor number above 254, memory out of range, a UUID it cannot write, two
+/// GPUs with one minor number).
+pub fn plan_node_gpus(path: &Path, listing: GpuListing) -> Result<NodeGpusPlan, InstallHookError> {
+    let path = path.to_path_buf();
+    let (from, gpus) = match listing {
+        GpuListing::Listed { source, gpus } => (source, gpus),
+        GpuListing::NvmlUnavailable { reason } => {
+            return Ok(NodeGpusPlan::Withdraw {
+                path,
+                reason: NoNodeGpus::NvmlUnavailable(reason),
+            });
+        }
+        GpuListing::Failed(error) => return Err(InstallHookError::GpuList { path, error }),
+    };
+    if gpus.is_empty() {
+        return Ok(NodeGpusPlan::Withdraw {
+            path,
+            reason: NoNodeGpus::NoGpu(from),
+        });
+    }
+    let mut node = NodeGpus::new();
+    for gpu in gpus {
+        let entry = NodeGpu {
+            minor: gpu.minor,
+            uuid: gpu.uuid,
+            memory_mib: gpu.memory_mib,
+        };
+        if let Err(error) = node.insert(entry) {
+            return Err(InstallHookError::NodeGpus { path, from, error });
+        }
+    }
+    Ok(NodeGpusPlan::Publish {
+        path,
+        from,
+        gpus: node,
+    })
 }
 
 fn listing(names: &[String]) -> String {
@@ -255,7 +475,8 @@ pub struct PlannedInstall {
     pub source: FileSource,
 }
 
-/// What [`plan_install`] decided: the directories and the files, in installation order.
+/// What [`plan_install`] decided: the directories, the files in installation order, and the node
+/// GPU file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstallPlan {
     /// The normalised hook path.
@@ -264,9 +485,11 @@ pub struct InstallPlan {
     pub vgpu_dir: PathBuf,
     /// `HOOK/vgpu/containers`.
     pub containers_dir: PathBuf,
-    /// `libvgpu.so`, `libhami_preload.so`, then `ld.so.preload`: the libraries before the list
-    /// that names them.
+    /// `libvgpu.so`, `libhami_preload.so`, `node-gpus` when published, then `ld.so.preload`:
+    /// everything the list activates before the list.
     pub files: Vec<PlannedInstall>,
+    /// `node-gpus`: published (then also in `files`) or withdrawn.
+    pub node_gpus: NodeGpusPlan,
 }
 
 /// The hook path as it will be written into `ld.so.preload`: absolute, UTF-8, without
@@ -362,18 +585,21 @@ pub fn select_libvgpu<'a>(
     }
 }
 
-/// The pure plan: what to install under `hook_path` from the scan of `hami_core_dir` and the
-/// preload library `preload`.
+/// The pure plan: what to install under `hook_path` from the scan of `hami_core_dir`, the
+/// preload library `preload` and the GPUs the source listed. Checked in this order: the hook
+/// path, the HAMi-core library, the GPUs ([`plan_node_gpus`]).
 pub fn plan_install(
     found: &[FoundEntry],
     hami_core_dir: &Path,
     preload: &Path,
     hook_path: &Path,
+    gpus: GpuListing,
 ) -> Result<InstallPlan, InstallHookError> {
     let hook_path = normalise_hook_path(hook_path)?;
     let libvgpu = select_libvgpu(hami_core_dir, found)?;
     let vgpu_dir = hook_path.join(VGPU_DIR);
-    let files = vec![
+    let node_gpus = plan_node_gpus(&vgpu_dir.join(NODE_GPUS_FILE), gpus)?;
+    let mut files = vec![
         PlannedInstall {
             dest: vgpu_dir.join(LIBVGPU_SO),
             source: FileSource::Copy(libvgpu.path.clone()),
@@ -382,16 +608,23 @@ pub fn plan_install(
             dest: vgpu_dir.join(LIBHAMI_PRELOAD_SO),
             source: FileSource::Copy(preload.to_path_buf()),
         },
-        PlannedInstall {
-            dest: vgpu_dir.join(LD_SO_PRELOAD_FILE),
-            source: FileSource::Generated(ld_so_preload_contents(&vgpu_dir)),
-        },
     ];
+    if let NodeGpusPlan::Publish { path, gpus, .. } = &node_gpus {
+        files.push(PlannedInstall {
+            dest: path.clone(),
+            source: FileSource::Generated(gpus.render()),
+        });
+    }
+    files.push(PlannedInstall {
+        dest: vgpu_dir.join(LD_SO_PRELOAD_FILE),
+        source: FileSource::Generated(ld_so_preload_contents(&vgpu_dir)),
+    });
     Ok(InstallPlan {
         containers_dir: vgpu_dir.join(CONTAINERS_DIR),
         vgpu_dir,
         hook_path,
         files,
+        node_gpus,
     })
 }
 
@@ -483,18 +716,47 @@ pub struct InstalledFile {
     pub bytes: usize,
 }
 
+impl Outcome {
+    /// `installed` or `unchanged`, as reported.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Installed => "installed",
+            Self::Unchanged => "unchanged",
+        }
+    }
+}
+
 impl fmt::Display for InstalledFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let outcome = match self.outcome {
-            Outcome::Installed => "installed",
-            Outcome::Unchanged => "unchanged",
-        };
-        write!(f, "{outcome} {}", self.path.display())?;
+        write!(f, "{} {}", self.outcome.as_str(), self.path.display())?;
         match &self.from {
             Some(from) => write!(f, " (from {}, {} bytes)", from.display(), self.bytes),
             None => write!(f, " (generated, {} bytes)", self.bytes),
         }
     }
+}
+
+/// What became of `HOOK/vgpu/node-gpus`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeGpusReport {
+    /// Published (or unchanged): its line is among [`InstallReport::files`].
+    Published {
+        /// The file.
+        path: PathBuf,
+        /// Where the GPUs came from.
+        from: GpuSource,
+        /// The GPUs it lists, by minor number.
+        gpus: Vec<NodeGpu>,
+    },
+    /// Not published.
+    Withdrawn {
+        /// The file.
+        path: PathBuf,
+        /// Why (the warning to log).
+        reason: NoNodeGpus,
+        /// True when a file of an earlier run was there and has been removed.
+        removed: bool,
+    },
 }
 
 /// What [`execute`] did.
@@ -506,6 +768,50 @@ pub struct InstallReport {
     pub created_dirs: Vec<PathBuf>,
     /// Leftover temporary files of an earlier run removed from `HOOK/vgpu`.
     pub removed_temporaries: usize,
+    /// The node GPU file.
+    pub node_gpus: NodeGpusReport,
+}
+
+impl InstallReport {
+    /// What `install-hook` prints: `removed PATH (...)` for a withdrawn node GPU file of an
+    /// earlier run, then one line per file in installation order, the node GPU file's followed
+    /// by one indented line per GPU (`  /dev/nvidia<minor> <uuid> <MiB> MiB`).
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines = Vec::with_capacity(self.files.len() + 1);
+        if let NodeGpusReport::Withdrawn {
+            path,
+            removed: true,
+            ..
+        } = &self.node_gpus
+        {
+            lines.push(format!(
+                "removed {} (written by an earlier run; this run has no GPU list)",
+                path.display()
+            ));
+        }
+        for file in &self.files {
+            match &self.node_gpus {
+                NodeGpusReport::Published { path, from, gpus } if *path == file.path => {
+                    lines.push(format!(
+                        "{} {} (generated from {from}: {} GPU{}, {} bytes)",
+                        file.outcome.as_str(),
+                        path.display(),
+                        gpus.len(),
+                        if gpus.len() == 1 { "" } else { "s" },
+                        file.bytes
+                    ));
+                    lines.extend(gpus.iter().map(|gpu| {
+                        format!(
+                            "  /dev/nvidia{} {} {} MiB",
+                            gpu.minor, gpu.uuid, gpu.memory_mib
+                        )
+                    }));
+                }
+                _ => lines.push(file.to_string()),
+            }
+        }
+        lines
+    }
 }
 
 /// Creates `path` (mode `0755`, whatever the umask) unless it is a directory already; true
@@ -564,8 +870,8 @@ fn is_unchanged(dest: &Path, bytes: &[u8]) -> bool {
 
 /// Carries out `plan`: reads and checks both libraries (nothing is written when either is
 /// wrong), creates `HOOK/vgpu` and `HOOK/vgpu/containers`, removes leftover temporary files of
-/// an earlier run, then installs the files in the plan's order, each atomically; a file already
-/// there with the same bytes and mode is left alone.
+/// an earlier run and a withdrawn `node-gpus`, then installs the files in the plan's order, each
+/// atomically; a file already there with the same bytes and mode is left alone.
 ///
 /// On a failure the failing file's temporary file is removed and its previous version stays;
 /// files installed before it stay installed (both libraries are installed before
@@ -587,6 +893,18 @@ pub fn execute(plan: &InstallPlan) -> Result<InstallReport, InstallHookError> {
         }
     }
     let removed_temporaries = sweep_temp_files(&plan.vgpu_dir).map_err(InstallHookError::Sweep)?;
+    let node_gpus = match &plan.node_gpus {
+        NodeGpusPlan::Withdraw { path, reason } => NodeGpusReport::Withdrawn {
+            path: path.clone(),
+            reason: reason.clone(),
+            removed: withdraw_node_gpus(path)?,
+        },
+        NodeGpusPlan::Publish { path, from, gpus } => NodeGpusReport::Published {
+            path: path.clone(),
+            from: from.clone(),
+            gpus: gpus.gpus().cloned().collect(),
+        },
+    };
     let mut files = Vec::with_capacity(contents.len());
     for (file, bytes, from) in contents {
         let outcome = if is_unchanged(&file.dest, &bytes) {
@@ -606,7 +924,26 @@ pub fn execute(plan: &InstallPlan) -> Result<InstallReport, InstallHookError> {
         files,
         created_dirs,
         removed_temporaries,
+        node_gpus,
     })
+}
+
+/// Removes the node GPU file at `path` if it is there (a symbolic link in its place included),
+/// durably; true when something was removed.
+pub fn withdraw_node_gpus(path: &Path) -> Result<bool, InstallHookError> {
+    let withdraw_err = |source| InstallHookError::Withdraw {
+        path: path.to_path_buf(),
+        source,
+    };
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(withdraw_err(e)),
+    }
+    if let Some(dir) = path.parent() {
+        hami_shared::publish::sync_dir(dir).map_err(InstallHookError::SyncDir)?;
+    }
+    Ok(true)
 }
 
 fn install_file(dest: &Path, bytes: &[u8]) -> Result<(), InstallHookError> {
@@ -624,11 +961,34 @@ fn install_file(dest: &Path, bytes: &[u8]) -> Result<(), InstallHookError> {
     Ok(())
 }
 
-/// `install-hook`: scan, plan, execute.
+/// `install-hook`: scan, list the GPUs, plan, execute. A plan refused for its GPU list withdraws
+/// the node GPU file ([`InstallHookError::node_gpus_to_withdraw`]) and touches nothing else.
 pub fn install_hook(args: &InstallHookArgs) -> Result<InstallReport, InstallHookError> {
     // The hook path first: a bad value is reported before anything else is looked at.
     normalise_hook_path(&args.hook_path)?;
     let found = scan_dir(&args.hami_core_dir)?;
-    let plan = plan_install(&found, &args.hami_core_dir, &args.preload, &args.hook_path)?;
-    execute(&plan)
+    let gpus = list_gpus(args.inventory.as_deref());
+    match plan_install(
+        &found,
+        &args.hami_core_dir,
+        &args.preload,
+        &args.hook_path,
+        gpus,
+    ) {
+        Ok(plan) => execute(&plan),
+        Err(refused) => {
+            if let Some(path) = refused.node_gpus_to_withdraw() {
+                // The refusal is the error to report; the withdrawal's outcome is logged.
+                match withdraw_node_gpus(path) {
+                    Ok(true) => tracing::warn!(
+                        file = %path.display(),
+                        "removed the node GPU file of an earlier run: this run has no GPU list"
+                    ),
+                    Ok(false) => {}
+                    Err(error) => tracing::error!(%error, "stale node GPU file left in place"),
+                }
+            }
+            Err(refused)
+        }
+    }
 }

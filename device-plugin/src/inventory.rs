@@ -5,8 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use hami_shared::names::MAX_GPU_MINOR;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+
+/// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
+pub const ENV_INVENTORY: &str = "HAMI_INVENTORY";
 
 /// One physical GPU as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,6 +20,9 @@ pub struct Gpu {
     pub uuid: String,
     /// NVML index (the order `nvidia-smi` lists).
     pub index: u32,
+    /// NVML minor number: the GPU's device node is `/dev/nvidia<minor>` (0..=254; not always the
+    /// index, e.g. when a GPU is missing or the driver enumerates in another order).
+    pub minor: u32,
     /// NVML product name, e.g. `NVIDIA H200`.
     pub name: String,
     /// Total framebuffer memory in MiB (bytes / 1024²).
@@ -111,6 +118,7 @@ pub trait GpuInventory: Send + Sync + std::fmt::Debug {
 struct FileGpu {
     uuid: String,
     index: Option<u32>,
+    minor: Option<u32>,
     name: String,
     memory_mib: u64,
     #[serde(default)]
@@ -133,6 +141,7 @@ const MAX_UUID_LEN: usize = 58;
 /// ```yaml
 /// - uuid: GPU-00000000-0000-0000-0000-000000000000
 ///   index: 0            # optional, default: position in the list
+///   minor: 0            # optional, default: the index; /dev/nvidia<minor>, 0..=254
 ///   name: NVIDIA H200
 ///   memoryMib: 143771
 ///   numaNode: 0         # optional
@@ -211,9 +220,25 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
         if gpus.iter().any(|g: &Gpu| g.index == index) {
             return Err(invalid(format!("index {index} appears twice")));
         }
+        let (minor, from) = match entry.minor {
+            Some(m) => (m, "minor"),
+            None => (index, "minor (by default the index)"),
+        };
+        if minor > MAX_GPU_MINOR {
+            return Err(invalid(format!(
+                "{from} {minor} is not in 0..={MAX_GPU_MINOR}: give the entry `minor`, the N of its /dev/nvidiaN"
+            )));
+        }
+        if let Some(other) = gpus.iter().find(|g: &&Gpu| g.minor == minor) {
+            return Err(invalid(format!(
+                "{from} {minor} is also the minor of GPU {:?}: each GPU has its own /dev/nvidiaN",
+                other.uuid
+            )));
+        }
         gpus.push(Gpu {
             uuid: entry.uuid,
             index,
+            minor,
             name: entry.name,
             memory_mib: entry.memory_mib,
             numa_node: entry.numa_node,
@@ -378,6 +403,41 @@ mod tests {
             err.to_string().starts_with("inventory file i.yaml:"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn minor_defaults_to_the_index_and_is_checked() {
+        let gpus = parse_inventory(
+            Path::new("inv.yaml"),
+            "- {uuid: GPU-a, name: x, memoryMib: 1}\n- {uuid: GPU-b, index: 5, name: x, memoryMib: 1}\n- {uuid: GPU-c, name: x, memoryMib: 1, minor: 7}\n",
+        )
+        .unwrap();
+        let minors: Vec<(u32, u32)> = gpus.iter().map(|g| (g.index, g.minor)).collect();
+        assert_eq!(minors, [(0, 0), (2, 7), (5, 5)]);
+
+        for (text, needle) in [
+            (
+                "- {uuid: GPU-a, name: x, memoryMib: 1, minor: 255}\n",
+                "GPU #0 (\"GPU-a\"): minor 255 is not in 0..=254",
+            ),
+            (
+                "- {uuid: GPU-a, index: 300, name: x, memoryMib: 1}\n",
+                "GPU #0 (\"GPU-a\"): minor (by default the index) 300 is not in 0..=254: give the entry `minor`",
+            ),
+            (
+                "- {uuid: GPU-a, name: x, memoryMib: 1, minor: 1}\n- {uuid: GPU-b, name: x, memoryMib: 1}\n",
+                "GPU #1 (\"GPU-b\"): minor (by default the index) 1 is also the minor of GPU \"GPU-a\"",
+            ),
+            (
+                "- {uuid: GPU-a, name: x, memoryMib: 1, minor: -1}\n",
+                "minor",
+            ),
+        ] {
+            let err = parse_inventory(Path::new("i.yaml"), text).unwrap_err();
+            let message = err.to_string();
+            assert!(message.starts_with("inventory file i.yaml:"), "{message}");
+            assert!(message.contains(needle), "{text}: {message}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use hami_device_plugin::app::{self, AppError};
 use hami_device_plugin::cli::{Cli, Command};
+use hami_device_plugin::install_hook::NodeGpusReport;
 
 fn print_json(value: &impl serde::Serialize) {
     match serde_json::to_string_pretty(value) {
@@ -75,8 +76,11 @@ fn main() -> ExitCode {
                     for dir in &report.created_dirs {
                         tracing::info!(dir = %dir.display(), "created directory");
                     }
-                    for file in &report.files {
-                        println!("{file}");
+                    if let NodeGpusReport::Withdrawn { path, reason, removed } = &report.node_gpus {
+                        tracing::warn!(file = %path.display(), removed_stale = removed, %reason, "no node GPU file published");
+                    }
+                    for line in report.lines() {
+                        println!("{line}");
                     }
                 }),
         }

@@ -204,6 +204,7 @@ mod tests {
         Gpu {
             uuid: uuid.into(),
             index,
+            minor: index,
             name: name.into(),
             memory_mib: mib,
             numa_node: None,

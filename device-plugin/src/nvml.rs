@@ -101,6 +101,9 @@ impl GpuInventory for NvmlInventory {
             let name = device
                 .name()
                 .map_err(nvml_err("nvmlDeviceGetName", index))?;
+            let minor = device
+                .minor_number()
+                .map_err(nvml_err("nvmlDeviceGetMinorNumber", index))?;
             let memory = device
                 .memory_info()
                 .map_err(nvml_err("nvmlDeviceGetMemoryInfo", index))?;
@@ -116,6 +119,7 @@ impl GpuInventory for NvmlInventory {
             gpus.push(Gpu {
                 uuid,
                 index,
+                minor,
                 name,
                 memory_mib: memory.total / (1024 * 1024),
                 numa_node: numa,

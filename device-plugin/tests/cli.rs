@@ -62,6 +62,9 @@ fn inventory_json_lists_gpus_devices_and_the_node_annotation() {
     assert_eq!(report["socket"], "nvidia-gpu.sock");
     assert_eq!(report["splitCount"], 10);
     assert_eq!(report["gpus"][0]["memoryMib"], 143_771);
+    // The minor number of /dev/nvidiaN, by default the index.
+    assert_eq!(report["gpus"][0]["minor"], 0);
+    assert_eq!(report["gpus"][1]["minor"], 1);
     let devices = report["kubeletDevices"].as_array().unwrap();
     assert_eq!(devices.len(), 20);
     assert_eq!(

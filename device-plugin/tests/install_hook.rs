@@ -9,9 +9,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hami_device_plugin::install_hook::{
-    EntryKind, FileSource, FoundEntry, InstallHookArgs, InstallHookError, InstallReport, Outcome,
-    execute, install_hook, ld_so_preload_contents, normalise_hook_path, plan_install,
+    EntryKind, FileSource, FoundEntry, GpuListing, GpuSource, InstallHookArgs, InstallHookError,
+    InstallPlan, InstallReport, NoNodeGpus, NodeGpusPlan, NodeGpusReport, Outcome, execute,
+    install_hook, ld_so_preload_contents, normalise_hook_path, plan_install,
 };
+use hami_device_plugin::inventory::{Gpu, GpuInventory, parse_inventory};
+use hami_device_plugin::nvml::NvmlInventory;
+use hami_shared::publish::PUBLISHED_MODE;
 
 /// Bytes that pass for a shared object: the ELF magic, then `tag`.
 fn elf(tag: &str) -> Vec<u8> {
@@ -21,7 +25,8 @@ fn elf(tag: &str) -> Vec<u8> {
 }
 
 /// A temporary directory with `core/` (HAMi-core's folder, holding `core_files`), `preload.so`
-/// (the preload library) and `hook/` (not created: the hook path).
+/// (the preload library), `gpus.yaml` (the inventory file; empty: no node GPU file, whatever the
+/// machine's NVML says) and `hook/` (not created: the hook path).
 struct Setup {
     tmp: tempfile::TempDir,
 }
@@ -34,7 +39,11 @@ impl Setup {
             fs::write(tmp.path().join("core").join(name), bytes).unwrap();
         }
         fs::write(tmp.path().join("preload.so"), elf("preload")).unwrap();
+        fs::write(tmp.path().join("gpus.yaml"), "[]\n").unwrap();
         Self { tmp }
+    }
+    fn inventory(&self) -> PathBuf {
+        self.tmp.path().join("gpus.yaml")
     }
     fn core(&self) -> PathBuf {
         self.tmp.path().join("core")
@@ -53,6 +62,7 @@ impl Setup {
             hami_core_dir: self.core(),
             preload: self.preload(),
             hook_path: self.hook(),
+            inventory: Some(self.inventory()),
         }
     }
     fn install(&self) -> Result<InstallReport, InstallHookError> {
@@ -68,10 +78,20 @@ impl Setup {
             .arg(self.preload())
             .arg("--hook-path")
             .arg(hook)
+            .arg("--inventory")
+            .arg(self.inventory())
             .env_remove("HOOK_PATH")
             .env_remove("HAMI_HOOK_PATH")
+            .env_remove("HAMI_INVENTORY")
             .output()
             .unwrap()
+    }
+    /// Replaces the inventory file's text.
+    fn set_inventory(&self, text: &str) {
+        fs::write(self.inventory(), text).unwrap();
+    }
+    fn node_file(&self) -> PathBuf {
+        self.vgpu().join("node-gpus")
     }
     /// The generated list for this hook path, exactly.
     fn expected_list(&self) -> String {
@@ -139,6 +159,14 @@ fn all(outcome: Outcome) -> Vec<(String, Outcome)> {
 // The pure plan
 // ---------------------------------------------------------------------------------------------
 
+/// A GPU source that lists nothing: the plan publishes no node GPU file.
+fn no_gpus() -> GpuListing {
+    GpuListing::Listed {
+        source: GpuSource::Nvml,
+        gpus: Vec::new(),
+    }
+}
+
 fn found(name: &str, kind: EntryKind, symlink: bool, ino: u64) -> FoundEntry {
     FoundEntry {
         name: name.into(),
@@ -160,6 +188,7 @@ fn plan_orders_the_libraries_before_the_list_it_generates() {
         Path::new("/img/lib"),
         Path::new("/hl/libhami_preload.so"),
         Path::new("/opt/hami/"),
+        no_gpus(),
     )
     .unwrap();
     assert_eq!(plan.hook_path, Path::new("/opt/hami"));
@@ -199,6 +228,7 @@ fn plan_selects_exactly_one_library() {
             Path::new("/img/lib"),
             Path::new("/p.so"),
             Path::new("/usr/local"),
+            no_gpus(),
         )
     };
     let source = |scan: &[FoundEntry]| match &plan(scan).unwrap().files[0].source {
@@ -734,7 +764,7 @@ fn execute_runs_a_plan_made_from_a_scan() {
     assert!(!scan[0].symlink);
     // A trailing slash on the hook path: the list names the normalised paths.
     let hook = format!("{}/", s.hook().display());
-    let plan = plan_install(&scan, &s.core(), &s.preload(), Path::new(&hook)).unwrap();
+    let plan = plan_install(&scan, &s.core(), &s.preload(), Path::new(&hook), no_gpus()).unwrap();
     let report = execute(&plan).unwrap();
     assert_eq!(outcomes(&report), all(Outcome::Installed));
     assert_eq!(
@@ -882,6 +912,11 @@ fn cli_help_explains_the_command() {
         "0644",
         "\\x7fELF",
         "unchanged",
+        "--inventory <FILE>",
+        "HOOK/vgpu/node-gpus",
+        "HAMI_NODE_GPUS_FORMAT=1",
+        "NVML",
+        "NVIDIA_VISIBLE_DEVICES=all",
     ] {
         assert!(help.contains(needle), "{needle}: {help}");
     }
@@ -891,4 +926,642 @@ fn cli_help_explains_the_command() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("install-hook"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The node GPU file (HOOK/vgpu/node-gpus)
+// ---------------------------------------------------------------------------------------------
+
+/// Two GPUs whose minor numbers are not their indices: GPU-aaaa (index 0) is /dev/nvidia3,
+/// GPU-bbbb (index 1, minor by default the index) is /dev/nvidia1.
+const TWO_GPUS: &str = "\
+- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 143771, minor: 3}
+- {uuid: GPU-bbbb, name: NVIDIA H100, memoryMib: 81559}
+";
+
+/// The node GPU file for [`TWO_GPUS`], exactly: by minor number.
+const TWO_GPUS_FILE: &str = "\
+HAMI_NODE_GPUS_FORMAT=1
+NVIDIA1_MIB=81559
+NVIDIA1_UUID=GPU-bbbb
+NVIDIA3_MIB=143771
+NVIDIA3_UUID=GPU-aaaa
+";
+
+fn gpu(uuid: &str, index: u32, minor: u32, memory_mib: u64) -> Gpu {
+    Gpu {
+        uuid: uuid.into(),
+        index,
+        minor,
+        name: "NVIDIA H200".into(),
+        memory_mib,
+        numa_node: None,
+        mig_enabled: false,
+        healthy: true,
+    }
+}
+
+fn listed(gpus: Vec<Gpu>) -> GpuListing {
+    GpuListing::Listed {
+        source: GpuSource::InventoryFile("/etc/gpus.yaml".into()),
+        gpus,
+    }
+}
+
+fn plan_with(gpus: GpuListing) -> Result<InstallPlan, InstallHookError> {
+    plan_install(
+        &[found("libvgpu.so", EntryKind::File, false, 1)],
+        Path::new("/img/lib"),
+        Path::new("/p.so"),
+        Path::new("/opt/hami"),
+        gpus,
+    )
+}
+
+fn dests(plan: &InstallPlan) -> Vec<&Path> {
+    plan.files.iter().map(|f| f.dest.as_path()).collect()
+}
+
+#[test]
+fn plan_publishes_the_node_gpus_after_the_libraries_and_before_the_list() {
+    let plan = plan_with(listed(vec![
+        gpu("GPU-aaaa", 0, 3, 143_771),
+        gpu("GPU-bbbb", 1, 1, 81_559),
+    ]))
+    .unwrap();
+    assert_eq!(
+        dests(&plan),
+        [
+            Path::new("/opt/hami/vgpu/libvgpu.so"),
+            Path::new("/opt/hami/vgpu/libhami_preload.so"),
+            Path::new("/opt/hami/vgpu/node-gpus"),
+            Path::new("/opt/hami/vgpu/ld.so.preload"),
+        ],
+        "what the list activates goes before the list"
+    );
+    assert_eq!(
+        plan.files[2].source,
+        FileSource::Generated(TWO_GPUS_FILE.to_owned())
+    );
+    let NodeGpusPlan::Publish { path, from, gpus } = &plan.node_gpus else {
+        panic!("{:?}", plan.node_gpus)
+    };
+    assert_eq!(path, Path::new("/opt/hami/vgpu/node-gpus"));
+    assert_eq!(from, &GpuSource::InventoryFile("/etc/gpus.yaml".into()));
+    let minors: Vec<(u32, &str, u64)> = gpus
+        .gpus()
+        .map(|g| (g.minor, g.uuid.as_str(), g.memory_mib))
+        .collect();
+    assert_eq!(minors, [(1, "GPU-bbbb", 81_559), (3, "GPU-aaaa", 143_771)]);
+}
+
+#[test]
+fn plan_without_a_gpu_list_withdraws_the_node_gpus() {
+    let cases = [
+        (
+            GpuListing::NvmlUnavailable {
+                reason: "libloading error".into(),
+            },
+            NoNodeGpus::NvmlUnavailable("libloading error".into()),
+            vec![
+                "NVML is not available (libloading error)",
+                "NVIDIA_VISIBLE_DEVICES=all",
+                "NVIDIA_DRIVER_CAPABILITIES=utility",
+                "pass --inventory FILE (env HAMI_INVENTORY)",
+            ],
+        ),
+        (
+            GpuListing::Listed {
+                source: GpuSource::Nvml,
+                gpus: vec![],
+            },
+            NoNodeGpus::NoGpu(GpuSource::Nvml),
+            vec!["NVML lists no GPU", "NVIDIA_VISIBLE_DEVICES=all"],
+        ),
+        (
+            listed(vec![]),
+            NoNodeGpus::NoGpu(GpuSource::InventoryFile("/etc/gpus.yaml".into())),
+            vec!["inventory file /etc/gpus.yaml lists no GPU"],
+        ),
+    ];
+    for (listing, expected, needles) in cases {
+        let plan = plan_with(listing).unwrap();
+        // The libraries and the list as without any node file.
+        assert_eq!(
+            dests(&plan),
+            [
+                Path::new("/opt/hami/vgpu/libvgpu.so"),
+                Path::new("/opt/hami/vgpu/libhami_preload.so"),
+                Path::new("/opt/hami/vgpu/ld.so.preload"),
+            ]
+        );
+        assert_eq!(
+            plan.node_gpus,
+            NodeGpusPlan::Withdraw {
+                path: "/opt/hami/vgpu/node-gpus".into(),
+                reason: expected.clone(),
+            }
+        );
+        let warning = expected.to_string();
+        assert!(
+            warning.ends_with(
+                "; until then the preload library keeps the admission-time memory cap of KAI \
+                 gpu-fraction containers on this node"
+            ),
+            "{warning}"
+        );
+        for needle in needles {
+            assert!(warning.contains(needle), "{needle}: {warning}");
+        }
+    }
+}
+
+#[test]
+fn plan_refuses_a_gpu_the_file_cannot_hold_naming_it() {
+    let big = hami_shared::node_gpus::MAX_MIB + 1;
+    let cases = [
+        (
+            vec![gpu("GPU-aaaa", 0, 255, 1)],
+            r#"GPU "GPU-aaaa": minor number 255 is not in 0..=254"#,
+        ),
+        (
+            vec![gpu("GPU-aaaa", 0, 0, big)],
+            &*format!(
+                r#"GPU "GPU-aaaa" (minor 0): memory {big} MiB is not in 1..={}"#,
+                big - 1
+            ),
+        ),
+        (
+            vec![gpu("GPU-aaaa", 0, 0, 0)],
+            r#"GPU "GPU-aaaa" (minor 0): memory 0 MiB"#,
+        ),
+        (
+            vec![gpu("GPU a", 0, 0, 1)],
+            r#"GPU with minor 0: UUID "GPU a" is not"#,
+        ),
+        (
+            vec![gpu("GPU-aaaa", 0, 2, 1), gpu("GPU-bbbb", 1, 2, 1)],
+            r#"GPUs "GPU-aaaa" and "GPU-bbbb" both have minor number 2"#,
+        ),
+    ];
+    for (gpus, needle) in cases {
+        let err = plan_with(listed(gpus)).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(&err, InstallHookError::NodeGpus { path, .. } if path == Path::new("/opt/hami/vgpu/node-gpus")),
+            "{text}"
+        );
+        assert!(
+            text.starts_with(
+                "cannot write the GPUs of inventory file /etc/gpus.yaml into /opt/hami/vgpu/node-gpus: "
+            ),
+            "{text}"
+        );
+        assert!(text.contains(needle), "{needle}: {text}");
+        assert_eq!(err.exit_code(), 1);
+        assert_eq!(
+            err.node_gpus_to_withdraw(),
+            Some(Path::new("/opt/hami/vgpu/node-gpus"))
+        );
+    }
+
+    // A source that failed: the error names the entry.
+    let failure = parse_inventory(
+        Path::new("/etc/gpus.yaml"),
+        "- {uuid: GPU-aaaa, name: x, memoryMib: 1, minor: 300}\n",
+    )
+    .unwrap_err();
+    let err = plan_with(GpuListing::Failed(failure)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "cannot list the GPUs for /opt/hami/vgpu/node-gpus: inventory file /etc/gpus.yaml: \
+         GPU #0 (\"GPU-aaaa\"): minor 300 is not in 0..=254: give the entry `minor`, the N of its \
+         /dev/nvidiaN"
+    );
+    assert_eq!(
+        err.node_gpus_to_withdraw(),
+        Some(Path::new("/opt/hami/vgpu/node-gpus"))
+    );
+
+    // The hook path and the library are checked first; their errors touch no node file.
+    let err = plan_install(
+        &[],
+        Path::new("/img/lib"),
+        Path::new("/p.so"),
+        Path::new("/opt/hami"),
+        listed(vec![gpu("GPU-aaaa", 0, 255, 1)]),
+    )
+    .unwrap_err();
+    assert!(matches!(err, InstallHookError::NoLibrary { .. }), "{err}");
+    assert_eq!(err.node_gpus_to_withdraw(), None);
+}
+
+#[test]
+fn inventory_gpus_are_published_read_only_atomically_and_usable() {
+    let s = Setup::new(&[("libvgpu.so", &elf("core"))]);
+    s.set_inventory(TWO_GPUS);
+    // A temporary file of an interrupted run, for the node file too.
+    fs::create_dir_all(s.vgpu()).unwrap();
+    fs::write(
+        s.vgpu().join(".node-gpus.hami-tmp.4242.0.1"),
+        "HAMI_NODE_GPUS_FORMAT=1\nNVIDIA0_MI",
+    )
+    .unwrap();
+    let report = s.install().unwrap();
+    assert_eq!(report.removed_temporaries, 1);
+    assert_eq!(
+        outcomes(&report),
+        [
+            "libvgpu.so",
+            "libhami_preload.so",
+            "node-gpus",
+            "ld.so.preload"
+        ]
+        .into_iter()
+        .map(|n| (n.to_owned(), Outcome::Installed))
+        .collect::<Vec<_>>()
+    );
+
+    let node = s.node_file();
+    let bytes = fs::read(&node).unwrap();
+    assert_eq!(String::from_utf8(bytes.clone()).unwrap(), TWO_GPUS_FILE);
+    let meta = fs::symlink_metadata(&node).unwrap();
+    assert!(meta.is_file(), "a regular file, not a link");
+    assert_eq!(
+        mode(&node),
+        PUBLISHED_MODE,
+        "read-only for everyone but its owner"
+    );
+    assert_eq!(
+        meta.uid(),
+        fs::metadata(s.vgpu()).unwrap().uid(),
+        "owned like the folder"
+    );
+    assert_no_temporaries(&s.vgpu());
+    assert_eq!(
+        names(&s.vgpu()),
+        [
+            "containers",
+            "ld.so.preload",
+            "libhami_preload.so",
+            "libvgpu.so",
+            "node-gpus"
+        ]
+    );
+    // What the preload library will read.
+    let parsed = hami_shared::node_gpus::parse(&bytes);
+    assert!(parsed.usable(), "{:?}", parsed.diagnostics);
+    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    assert_eq!(
+        (parsed.mib_for(1), parsed.mib_for(3), parsed.mib_for(0)),
+        (Some(81_559), Some(143_771), None)
+    );
+    assert_eq!(parsed.uuids.get(&3).map(String::as_str), Some("GPU-aaaa"));
+
+    // The report: the node file with its GPUs under it, by minor number.
+    let vgpu = s.vgpu().display().to_string();
+    let lines = report.lines();
+    assert_eq!(
+        lines[2..],
+        [
+            format!(
+                "installed {vgpu}/node-gpus (generated from inventory file {}: 2 GPUs, {} bytes)",
+                s.inventory().display(),
+                TWO_GPUS_FILE.len()
+            ),
+            "  /dev/nvidia1 GPU-bbbb 81559 MiB".to_owned(),
+            "  /dev/nvidia3 GPU-aaaa 143771 MiB".to_owned(),
+            format!(
+                "installed {vgpu}/ld.so.preload (generated, {} bytes)",
+                s.expected_list().len()
+            ),
+        ]
+    );
+    assert!(lines[0].starts_with("installed ") && lines[0].contains("/libvgpu.so"));
+    assert!(matches!(report.node_gpus, NodeGpusReport::Published { .. }));
+
+    // Again: unchanged, not rewritten.
+    let inode = fs::metadata(&node).unwrap().ino();
+    let report = s.install().unwrap();
+    assert_eq!(report.files[2].outcome, Outcome::Unchanged);
+    assert!(report.lines()[2].starts_with(&format!(
+        "unchanged {vgpu}/node-gpus (generated from inventory file"
+    )));
+    assert_eq!(fs::metadata(&node).unwrap().ino(), inode);
+
+    // Another GPU list: replaced by rename; a reader holding the old file reads it whole.
+    let mut held = fs::File::open(&node).unwrap();
+    s.set_inventory("- {uuid: GPU-cccc, name: Tesla P4, memoryMib: 7680}\n");
+    let report = s.install().unwrap();
+    assert_eq!(
+        outcomes(&report)[2..],
+        [
+            ("node-gpus".to_owned(), Outcome::Installed),
+            ("ld.so.preload".to_owned(), Outcome::Unchanged)
+        ]
+    );
+    assert_ne!(fs::metadata(&node).unwrap().ino(), inode);
+    assert_eq!(
+        fs::read_to_string(&node).unwrap(),
+        "HAMI_NODE_GPUS_FORMAT=1\nNVIDIA0_MIB=7680\nNVIDIA0_UUID=GPU-cccc\n"
+    );
+    let mut old = String::new();
+    held.read_to_string(&mut old).unwrap();
+    assert_eq!(old, TWO_GPUS_FILE);
+    assert_eq!(mode(&node), PUBLISHED_MODE);
+    assert_no_temporaries(&s.vgpu());
+}
+
+#[test]
+fn a_run_without_gpus_removes_the_node_file_of_an_earlier_run() {
+    let s = Setup::new(&[("libvgpu.so", &elf("core"))]);
+    s.set_inventory(TWO_GPUS);
+    s.install().unwrap();
+    assert!(s.node_file().exists());
+
+    // The inventory now lists no GPU: the libraries and the list stay, the node file goes.
+    s.set_inventory("[]\n");
+    let report = s.install().unwrap();
+    assert_eq!(outcomes(&report), all(Outcome::Unchanged));
+    assert_eq!(
+        report.node_gpus,
+        NodeGpusReport::Withdrawn {
+            path: s.node_file(),
+            reason: NoNodeGpus::NoGpu(GpuSource::InventoryFile(s.inventory())),
+            removed: true,
+        }
+    );
+    assert!(!s.node_file().exists());
+    let lines = report.lines();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(
+        lines[0],
+        format!(
+            "removed {} (written by an earlier run; this run has no GPU list)",
+            s.node_file().display()
+        )
+    );
+    assert_list_names_existing_libraries(&s.vgpu());
+
+    // Nothing to remove the next time; nothing reported for it.
+    let report = s.install().unwrap();
+    assert!(matches!(
+        report.node_gpus,
+        NodeGpusReport::Withdrawn { removed: false, .. }
+    ));
+    assert_eq!(report.lines().len(), 3);
+
+    // The plan executed directly: NVML unavailable on a node that had a file (a symbolic link in
+    // its place is removed too, not followed).
+    fs::write(s.tmp.path().join("elsewhere"), TWO_GPUS_FILE).unwrap();
+    symlink(s.tmp.path().join("elsewhere"), s.node_file()).unwrap();
+    let scan = hami_device_plugin::install_hook::scan_dir(&s.core()).unwrap();
+    let plan = plan_install(
+        &scan,
+        &s.core(),
+        &s.preload(),
+        &s.hook(),
+        GpuListing::NvmlUnavailable {
+            reason: "no libnvidia-ml.so.1".into(),
+        },
+    )
+    .unwrap();
+    let report = execute(&plan).unwrap();
+    assert!(matches!(
+        report.node_gpus,
+        NodeGpusReport::Withdrawn { removed: true, .. }
+    ));
+    assert!(fs::symlink_metadata(s.node_file()).is_err());
+    assert_eq!(
+        fs::read_to_string(s.tmp.path().join("elsewhere")).unwrap(),
+        TWO_GPUS_FILE
+    );
+}
+
+#[test]
+fn a_refused_gpu_list_installs_nothing_and_withdraws_the_node_file() {
+    for (what, inventory, needle) in [
+        (
+            "two GPUs with one minor number",
+            "- {uuid: GPU-aaaa, name: x, memoryMib: 1, minor: 1}\n- {uuid: GPU-bbbb, name: x, memoryMib: 1}\n",
+            r#"GPU #1 ("GPU-bbbb"): minor (by default the index) 1 is also the minor of GPU "GPU-aaaa""#,
+        ),
+        (
+            "more memory than the file can state",
+            "- {uuid: GPU-aaaa, name: x, memoryMib: 99999999}\n",
+            r#"GPU "GPU-aaaa" (minor 0): memory 99999999 MiB is not in 1..=16777216"#,
+        ),
+        ("not YAML of GPUs", "gpus: []\n", "inventory file "),
+    ] {
+        let s = Setup::new(&[("libvgpu.so", &elf("core"))]);
+        s.set_inventory(TWO_GPUS);
+        s.install().unwrap();
+        // A new preload library and a broken GPU list.
+        fs::write(s.preload(), elf("preload-2")).unwrap();
+        s.set_inventory(inventory);
+        let err = s.install().unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(needle), "{what}: {text}");
+        assert!(
+            text.contains(&s.inventory().display().to_string()),
+            "{what}: names the file: {text}"
+        );
+        assert_eq!(err.exit_code(), 1, "{what}");
+        assert!(
+            !s.node_file().exists(),
+            "{what}: the earlier node file is withdrawn"
+        );
+        assert_eq!(
+            fs::read(s.vgpu().join("libhami_preload.so")).unwrap(),
+            elf("preload"),
+            "{what}: nothing installed"
+        );
+        assert_eq!(
+            fs::read_to_string(s.vgpu().join("ld.so.preload")).unwrap(),
+            s.expected_list()
+        );
+        assert_list_names_existing_libraries(&s.vgpu());
+        assert_no_temporaries(&s.vgpu());
+    }
+}
+
+#[test]
+fn a_directory_in_place_of_the_node_file_fails_before_the_list() {
+    // Publishing: the libraries are installed, the node file cannot be, and ld.so.preload is
+    // never written.
+    let s = Setup::new(&[("libvgpu.so", &elf("core"))]);
+    s.set_inventory(TWO_GPUS);
+    fs::create_dir_all(s.node_file()).unwrap();
+    let err = s.install().unwrap_err();
+    assert!(
+        matches!(&err, InstallHookError::Install { path, .. } if *path == s.node_file()),
+        "{err}"
+    );
+    assert!(s.vgpu().join("libhami_preload.so").exists());
+    assert!(!s.vgpu().join("ld.so.preload").exists());
+    assert_no_temporaries(&s.vgpu());
+
+    // Withdrawing: it cannot be removed; the error names it and nothing is installed.
+    let s = Setup::new(&[("libvgpu.so", &elf("core"))]);
+    fs::create_dir_all(s.node_file()).unwrap();
+    let err = s.install().unwrap_err();
+    assert!(
+        matches!(&err, InstallHookError::Withdraw { path, .. } if *path == s.node_file()),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with(&format!("cannot remove {}: ", s.node_file().display())),
+        "{err}"
+    );
+    assert!(!s.vgpu().join("libvgpu.so").exists());
+    assert!(!s.vgpu().join("ld.so.preload").exists());
+}
+
+#[test]
+fn cli_publishes_the_node_file_from_an_inventory_and_lists_its_gpus() {
+    let s = Setup::new(&[("libvgpu.so.v2.10.0", &elf("core"))]);
+    s.set_inventory(TWO_GPUS);
+    let out = s.cli(&s.hook());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let vgpu = s.vgpu().display().to_string();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 6, "{stdout}");
+    assert_eq!(
+        lines[2..5],
+        [
+            format!(
+                "installed {vgpu}/node-gpus (generated from inventory file {}: 2 GPUs, {} bytes)",
+                s.inventory().display(),
+                TWO_GPUS_FILE.len()
+            ),
+            "  /dev/nvidia1 GPU-bbbb 81559 MiB".to_owned(),
+            "  /dev/nvidia3 GPU-aaaa 143771 MiB".to_owned(),
+        ]
+    );
+    assert!(
+        lines[5].starts_with(&format!("installed {vgpu}/ld.so.preload")),
+        "{stdout}"
+    );
+    assert_eq!(fs::read_to_string(s.node_file()).unwrap(), TWO_GPUS_FILE);
+    assert_eq!(mode(&s.node_file()), PUBLISHED_MODE);
+    assert_no_temporaries(&s.vgpu());
+
+    // The inventory from HAMI_INVENTORY, as `run` reads it.
+    let t = Setup::new(&[("libvgpu.so", &elf("core"))]);
+    fs::write(t.tmp.path().join("env-gpus.yaml"), TWO_GPUS).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
+        .arg("install-hook")
+        .arg(format!("--hami-core-dir={}", t.core().display()))
+        .arg(format!("--preload={}", t.preload().display()))
+        .arg(format!("--hook-path={}", t.hook().display()))
+        .env("HAMI_INVENTORY", t.tmp.path().join("env-gpus.yaml"))
+        .env_remove("HOOK_PATH")
+        .env_remove("HAMI_HOOK_PATH")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fs::read_to_string(t.node_file()).unwrap(), TWO_GPUS_FILE);
+
+    // A malformed inventory: exit 1 naming the entry, the earlier node file withdrawn.
+    s.set_inventory("- {uuid: GPU-aaaa, name: x, memoryMib: 1, minor: 255}\n");
+    let out = s.cli(&s.hook());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "hami-device-plugin: cannot list the GPUs for {vgpu}/node-gpus: inventory file {}: GPU #0 (\"GPU-aaaa\"): minor 255 is not in 0..=254",
+            s.inventory().display()
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("removed the node GPU file of an earlier run"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+    assert!(!s.node_file().exists());
+}
+
+/// Without `--inventory` the GPUs come from NVML: on a GPU machine the file lists them; without
+/// NVML the libraries are installed, a stale node file is removed, a warning says what to do, and
+/// the exit status is 0.
+#[test]
+fn cli_without_an_inventory_uses_nvml_or_withdraws_the_node_file() {
+    let s = Setup::new(&[("libvgpu.so", &elf("core"))]);
+    fs::create_dir_all(s.vgpu()).unwrap();
+    fs::write(
+        s.node_file(),
+        "HAMI_NODE_GPUS_FORMAT=1\nNVIDIA0_MIB=1\nNVIDIA0_UUID=GPU-stale\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
+        .arg("install-hook")
+        .arg("--hami-core-dir")
+        .arg(s.core())
+        .arg("--preload")
+        .arg(s.preload())
+        .arg("--hook-path")
+        .arg(s.hook())
+        .env_remove("HOOK_PATH")
+        .env_remove("HAMI_HOOK_PATH")
+        .env_remove("HAMI_INVENTORY")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        fs::read_to_string(s.vgpu().join("ld.so.preload")).unwrap(),
+        s.expected_list()
+    );
+    match NvmlInventory::init().and_then(|nvml| nvml.discover()) {
+        Ok(gpus) if !gpus.is_empty() => {
+            eprintln!("NVML available: {} GPU(s) published", gpus.len());
+            let bytes = fs::read(s.node_file()).unwrap();
+            let parsed = hami_shared::node_gpus::parse(&bytes);
+            assert!(parsed.usable(), "{:?}", parsed.diagnostics);
+            assert_eq!(parsed.memory_mib.len(), gpus.len());
+            for g in &gpus {
+                assert_eq!(parsed.mib_for(g.minor), Some(g.memory_mib), "{g:?}");
+                assert_eq!(parsed.uuids.get(&g.minor), Some(&g.uuid), "{g:?}");
+                assert!(
+                    stdout.contains(&format!(
+                        "  /dev/nvidia{} {} {} MiB",
+                        g.minor, g.uuid, g.memory_mib
+                    )),
+                    "{stdout}"
+                );
+            }
+            assert!(stdout.contains("(generated from NVML: "), "{stdout}");
+            assert_eq!(mode(&s.node_file()), PUBLISHED_MODE);
+        }
+        listed => {
+            eprintln!(
+                "NVML unavailable or without GPUs here ({listed:?}): the withdrawal is checked"
+            );
+            assert!(!s.node_file().exists(), "the stale file is removed");
+            assert!(
+                stdout.starts_with(&format!("removed {}", s.node_file().display())),
+                "{stdout}"
+            );
+            assert_eq!(stdout.lines().count(), 4, "{stdout}");
+            assert!(stderr.contains("no node GPU file published"), "{stderr}");
+            assert!(stderr.contains("NVIDIA_VISIBLE_DEVICES=all"), "{stderr}");
+            if listed.is_err() {
+                assert!(stderr.contains("NVML is not available"), "{stderr}");
+                assert!(stderr.contains("--inventory FILE"), "{stderr}");
+            }
+        }
+    }
+    assert_no_temporaries(&s.vgpu());
 }

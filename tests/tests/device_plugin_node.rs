@@ -54,6 +54,7 @@ fn gpu(uuid: &str, index: u32, name: &str, mib: u64, numa: Option<i64>) -> Gpu {
     Gpu {
         uuid: uuid.into(),
         index,
+        minor: index,
         name: name.into(),
         memory_mib: mib,
         numa_node: numa,

@@ -19,7 +19,8 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// A hook folder filled by `install-hook` from a HAMi-style image folder.
+/// A hook folder filled by `install-hook` from a HAMi-style image folder and an inventory file of
+/// one GPU (so `node-gpus` is published whatever the machine's NVML says).
 fn installed_hook() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("image");
@@ -28,11 +29,18 @@ fn installed_hook() -> (tempfile::TempDir, PathBuf) {
     std::fs::write(image.join("ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n").unwrap();
     let preload = dir.path().join("libhami_preload.so");
     std::fs::write(&preload, b"\x7fELF preload").unwrap();
+    let inventory = dir.path().join("gpus.yaml");
+    std::fs::write(
+        &inventory,
+        "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 143771}\n",
+    )
+    .unwrap();
     let hook = dir.path().join("hook");
     install_hook(&InstallHookArgs {
         hami_core_dir: image,
         preload,
         hook_path: hook.clone(),
+        inventory: Some(inventory),
     })
     .unwrap();
     (dir, hook)
@@ -151,4 +159,15 @@ fn kai_pods_get_the_library_through_the_hook_folder_with_nothing_else_to_change(
         })
         .collect();
     assert_list_reachable(&mounts, &vgpu, "KAI pod (webhook)");
+    // The node GPU file is at `<KAI hook folder>/node-gpus` inside the container too (the path
+    // the limits file's HAMI_NODE_GPUS names): the folder is mounted at its host path.
+    let node_gpus = format!("{}/{}", vgpu.display(), hami_shared::names::NODE_GPUS_FILE);
+    let host = resolve(&mounts, &node_gpus)
+        .unwrap_or_else(|| panic!("{node_gpus} is not mounted: {mounts:?}"));
+    assert_eq!(host, vgpu.join(hami_shared::names::NODE_GPUS_FILE));
+    assert!(
+        hami_shared::node_gpus::parse(&std::fs::read(&host).unwrap()).usable(),
+        "{}",
+        host.display()
+    );
 }
