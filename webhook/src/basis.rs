@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+use hami_shared::names::{UNCAPPED_NO_MATCHING_NODE, UNCAPPED_NO_SOURCE, UNCAPPED_NOT_SYNCED};
+
 use crate::placement::Placement;
 
 /// The basis found for a placement.
@@ -26,13 +28,14 @@ pub enum SkipReason {
 }
 
 impl SkipReason {
-    /// Metric label value.
+    /// Metric label value, and the `HAMI_UNCAPPED` value of the limits file of a container
+    /// admitted without a cap (`kai.missingBasis: warn`): one spelling, in `hami_shared::names`.
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::NoSource => "no-source",
-            Self::NotSynced => "not-synced",
-            Self::NoMatchingNode => "no-matching-node",
+            Self::NoSource => UNCAPPED_NO_SOURCE,
+            Self::NotSynced => UNCAPPED_NOT_SYNCED,
+            Self::NoMatchingNode => UNCAPPED_NO_MATCHING_NODE,
         }
     }
 
@@ -64,7 +67,8 @@ pub trait VramBasis {
     fn basis(&self, placement: &Placement) -> Result<Basis, SkipReason>;
 }
 
-/// No basis configured: every `gpu-fraction` cap is skipped ([`SkipReason::NoSource`]).
+/// No basis configured: no `gpu-fraction` cap can be computed ([`SkipReason::NoSource`]): such a pod
+/// is refused, or admitted uncapped with `kai.missingBasis: warn`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct NoBasis;
 

@@ -499,13 +499,20 @@ mod tests {
     #[test]
     fn missing_basis_from_file_and_environment() {
         use crate::kai::MissingBasis;
-        assert_eq!(Settings::default().kai.missing_basis, MissingBasis::Warn);
+        // Fail closed unless an operator opts out.
+        assert_eq!(Settings::default().kai.missing_basis, MissingBasis::Deny);
+        let (s, _) = Settings::load_from_env(None, std::iter::empty::<(String, String)>()).unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
+        let s: Settings = serde_yaml_ng::from_str("kai:\n  hookPath: /opt/vgpu\n").unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
         let (s, _) = Settings::load_from_env(
             None,
-            [("HAMI_KAI__MISSINGBASIS".to_owned(), "deny".to_owned())],
+            [("HAMI_KAI__MISSINGBASIS".to_owned(), "warn".to_owned())],
         )
         .unwrap();
-        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
+        assert_eq!(s.kai.missing_basis, MissingBasis::Warn);
+        let s: Settings = serde_yaml_ng::from_str("kai:\n  missingBasis: warn\n").unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Warn);
         let s: Settings = serde_yaml_ng::from_str("kai:\n  missingBasis: deny\n").unwrap();
         assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
         let err = Settings::load_from_env(

@@ -32,6 +32,17 @@ fn settings(vram: u64) -> Settings {
     }
 }
 
+/// The default settings with the opt-out `kai.missingBasis: warn`.
+fn warn() -> Settings {
+    Settings {
+        kai: KaiSettings {
+            missing_basis: MissingBasis::Warn,
+            ..KaiSettings::default()
+        },
+        ..Settings::default()
+    }
+}
+
 /// The outcome of one review.
 struct Mutated {
     pod: Pod,
@@ -235,9 +246,11 @@ fn small_fraction_pod_gets_preload_env_and_file() {
         "metadata.annotations['limits.hami.io/train']"
     );
     let file = annotation(&out.pod, "limits.hami.io/train").unwrap();
+    // The admission-time cap, and what the preload library needs for the exact one of the GPU the
+    // container gets: the fraction, and the node GPU file in the hook folder mounted above.
     assert_eq!(
         file,
-        "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_LIMITS_FORMAT=1\n"
+        "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
     );
     assert_clean_file(file, "4096m");
     // The original annotations are kept.
@@ -269,6 +282,23 @@ fn large_pod_env_everywhere_preload_where_configured() {
             assert!(m.contains(&limits_mount(&c.name)), "{}", c.name);
             let file = annotation(&out.pod, &format!("limits.hami.io/{}", c.name)).unwrap();
             assert_clean_file(file, "8192m");
+            // The node GPU file is in the hook folder: only a container that mounts it is told
+            // where it is (the others have no preload library to read it).
+            let entries = parse(file).entries;
+            let per_node = (
+                entries.get("HAMI_GPU_FRACTION").map(String::as_str),
+                entries.get("HAMI_NODE_GPUS").map(String::as_str),
+            );
+            if expect == 2 {
+                assert_eq!(
+                    per_node,
+                    (Some("0.5"), Some("/usr/local/vgpu/node-gpus")),
+                    "{} {mode:?}",
+                    c.name
+                );
+            } else {
+                assert_eq!(per_node, (None, None), "{} {mode:?}", c.name);
+            }
         }
         let spec = out.pod.spec.as_ref().unwrap();
         let items = spec
@@ -439,7 +469,9 @@ fn spoofed_limits_annotations_are_overwritten_or_removed() {
     let out = mutate(&pod, &settings(16384));
     assert_eq!(
         annotation(&out.pod, "limits.hami.io/train"),
-        Some("CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_LIMITS_FORMAT=1\n")
+        Some(
+            "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
+        )
     );
     assert_eq!(annotation(&out.pod, "limits.hami.io/ghost"), None);
     // In env mode too: the webhook owns the prefix.
@@ -627,14 +659,9 @@ fn mount_paths_are_compared_cleaned_and_mounts_above_or_inside_ours_are_denied()
 }
 
 #[test]
-fn missing_basis_deny_refuses_fraction_pods_without_a_basis_only() {
-    let deny = Settings {
-        kai: KaiSettings {
-            missing_basis: MissingBasis::Deny,
-            ..KaiSettings::default()
-        },
-        ..Settings::default()
-    };
+fn missing_basis_deny_is_the_default_and_refuses_fraction_pods_without_a_basis_only() {
+    let deny = Settings::default();
+    assert_eq!(deny.kai.missing_basis, MissingBasis::Deny);
     let pod = object(SMALL);
     for (basis, reason) in [
         (
@@ -669,7 +696,7 @@ fn missing_basis_deny_refuses_fraction_pods_without_a_basis_only() {
         message.contains("no GPU node this pod can be placed on"),
         "{message}"
     );
-    // With a basis it is capped as usual; gpu-memory needs none; warn (default) admits uncapped.
+    // With a basis it is capped as usual; gpu-memory needs none; the opt-out admits uncapped.
     assert!(matches!(
         decide_with(&object(SMALL), &deny, &index),
         Decision::Allow { .. }
@@ -685,9 +712,13 @@ fn missing_basis_deny_refuses_fraction_pods_without_a_basis_only() {
         Decision::Allow { .. }
     ));
     assert!(matches!(
-        decide_with(&object(SMALL), &Settings::default(), &NoBasis),
+        decide_with(&object(SMALL), &warn(), &NoBasis),
         Decision::Allow { .. }
     ));
+    // Denied, not admitted: nothing to count as a skipped cap.
+    let Decision::Deny { .. } = decide_with(&object(SMALL), &deny, &NoBasis) else {
+        panic!("not denied");
+    };
 }
 
 /// A KAI gpu-fraction pod with `n` tiny containers, as the tester's.
@@ -807,17 +838,26 @@ fn basis_from_nodes_is_narrowed_by_placement() {
     let mut pinned = object(SMALL);
     pinned["spec"]["nodeName"] = json!("t4");
     assert_eq!(limit(&pinned).as_deref(), Some("3840m"));
-    // No GPU node matches: allowed, injected, no cap, a warning, a metric.
+    // No GPU node matches: denied by default (below); with the opt-out allowed, injected, no
+    // cap, a warning, a metric, and a limits file saying why.
     let mut nowhere = object(SMALL);
     nowhere["spec"]["nodeSelector"] = json!({"pool": "cpu"});
-    let out = mutate_with(&nowhere, &s, &index);
+    assert!(matches!(
+        decide_with(&nowhere, &s, &index),
+        Decision::Deny { .. }
+    ));
+    let out = mutate_with(&nowhere, &warn(), &index);
     let c = &out.pod.spec.as_ref().unwrap().containers[0];
     assert!(env(c, "CUDA_DEVICE_MEMORY_LIMIT").is_empty());
     assert!(mounts(c).iter().any(|m| m.1 == "/etc/ld.so.preload"));
-    assert!(!mounts(c).iter().any(|m| m.1 == "/overrideEnv"));
+    assert!(mounts(c).contains(&limits_mount("train")));
+    assert_eq!(
+        annotation(&out.pod, "limits.hami.io/train"),
+        Some("HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=no-matching-node\n")
+    );
     assert_eq!(out.warnings.len(), 1);
     assert!(
-        out.warnings[0].contains("GPU memory cap skipped"),
+        out.warnings[0].contains("GPU memory cap skipped (kai.missingBasis is warn)"),
         "{:?}",
         out.warnings
     );
@@ -846,19 +886,32 @@ fn basis_from_nodes_is_narrowed_by_placement() {
 
 #[test]
 fn no_source_and_unsynced_index_skip_the_cap_with_a_reason() {
-    let s = Settings::default();
+    let s = warn();
     let out = mutate(&object(SMALL), &s);
     assert!(
         out.warnings[0].contains("no per-GPU VRAM basis is configured"),
         "{:?}",
         out.warnings
     );
-    let s = Settings::default();
+    assert_eq!(
+        out.files,
+        [(
+            "train".to_owned(),
+            "HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=no-source\n".to_owned()
+        )]
+    );
     let out = mutate_with(&object(SMALL), &s, &NotSynced);
     assert!(
         out.warnings[0].contains("has not been read yet"),
         "{:?}",
         out.warnings
+    );
+    assert_eq!(
+        out.files,
+        [(
+            "train".to_owned(),
+            "HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=not-synced\n".to_owned()
+        )]
     );
     // gpu-memory needs no basis.
     let mut pod = object(SMALL);
@@ -888,7 +941,7 @@ fn mutate_command_shows_the_projected_files() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
         out.stderr.contains(
-            "limits file for container \"train\" (read-only at /overrideEnv):\n  CUDA_DEVICE_MEMORY_LIMIT=4096m\n  HAMI_LIMITS_FORMAT=1\n"
+            "limits file for container \"train\" (read-only at /overrideEnv):\n  CUDA_DEVICE_MEMORY_LIMIT=4096m\n  HAMI_GPU_FRACTION=0.25\n  HAMI_LIMITS_FORMAT=1\n  HAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
         ),
         "{}",
         out.stderr
@@ -907,13 +960,24 @@ fn mutate_command_shows_the_projected_files() {
 }
 
 #[test]
-fn spoofed_limits_annotation_is_removed_when_the_cap_is_skipped() {
+fn spoofed_limits_annotation_is_replaced_or_removed_when_the_cap_is_skipped() {
     let mut pod = object(SMALL);
     pod["metadata"]["annotations"]["limits.hami.io/train"] =
         json!("CUDA_DEVICE_MEMORY_LIMIT=999999m\n");
-    let out = mutate(&pod, &Settings::default());
-    assert_eq!(annotation(&out.pod, "limits.hami.io/train"), None);
+    pod["metadata"]["annotations"]["limits.hami.io/ghost"] =
+        json!("CUDA_DEVICE_MEMORY_LIMIT=999999m\n");
+    let out = mutate(&pod, &warn());
+    assert_eq!(
+        annotation(&out.pod, "limits.hami.io/train"),
+        Some("HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=no-source\n")
+    );
+    assert_eq!(annotation(&out.pod, "limits.hami.io/ghost"), None);
     assert_eq!(out.warnings.len(), 1);
+    // env delivery: no file at all, and none of the user's.
+    pod["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+    let out = mutate(&pod, &warn());
+    assert_eq!(annotation(&out.pod, "limits.hami.io/train"), None);
+    assert_eq!(annotation(&out.pod, "limits.hami.io/ghost"), None);
 }
 
 #[test]
@@ -932,7 +996,7 @@ fn duplicated_env_entries_follow_kubernetes_the_last_one_wins() {
     assert_eq!(container, "train");
     assert_eq!(
         text,
-        "CUDA_DEVICE_MEMORY_LIMIT=4096m\nCUDA_TASK_PRIORITY=2\nGPU_CORE_UTILIZATION_POLICY=disable\nHAMI_LIMITS_FORMAT=1\n"
+        "CUDA_DEVICE_MEMORY_LIMIT=4096m\nCUDA_TASK_PRIORITY=2\nGPU_CORE_UTILIZATION_POLICY=disable\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
     );
     assert!(parse(text).diagnostics.is_empty());
     assert!(out.warnings.is_empty(), "{:?}", out.warnings);
@@ -943,6 +1007,8 @@ fn duplicated_env_entries_follow_kubernetes_the_last_one_wins() {
         hami_shared::values::MemoryLimitMib::new(4096).unwrap(),
     )
     .unwrap();
+    b.per_node_fraction("0.25", "/usr/local/vgpu/node-gpus")
+        .unwrap();
     b.copy_from_spec(&[
         hami_shared::container::SpecEnv {
             name: "CUDA_TASK_PRIORITY",
@@ -979,4 +1045,230 @@ fn duplicated_env_entries_follow_kubernetes_the_last_one_wins() {
         "{:?}",
         out.warnings
     );
+}
+
+/// The limits file the webhook projects for `container`, parsed.
+fn file_entries(out: &Mutated, container: &str) -> std::collections::BTreeMap<String, String> {
+    let (_, text) = out
+        .files
+        .iter()
+        .find(|(c, _)| c == container)
+        .unwrap_or_else(|| panic!("no file for {container}: {:?}", out.files));
+    parse(text).entries
+}
+
+#[test]
+fn per_node_keys_for_gpu_fraction_in_file_delivery_only() {
+    // gpu-memory: the MiB asked for is exact on every node; nothing for the preload library.
+    let mut memory = object(SMALL);
+    let a = memory["metadata"]["annotations"].as_object_mut().unwrap();
+    a.remove("gpu-fraction");
+    a.insert("gpu-memory".into(), json!("3000"));
+    let out = mutate(&memory, &settings(16384));
+    assert_eq!(
+        out.files,
+        [(
+            "train".to_owned(),
+            "CUDA_DEVICE_MEMORY_LIMIT=3000m\nHAMI_LIMITS_FORMAT=1\n".to_owned()
+        )]
+    );
+    // env delivery: no file, and the keys never become variables.
+    let mut env_pod = object(SMALL);
+    env_pod["metadata"]["annotations"]["hami.io/limit-delivery"] = json!("env");
+    let out = mutate(&env_pod, &settings(16384));
+    assert!(out.files.is_empty());
+    for c in all_containers(&out.pod) {
+        for key in ["HAMI_GPU_FRACTION", "HAMI_NODE_GPUS", "HAMI_UNCAPPED"] {
+            assert!(env(c, key).is_empty(), "{} {key}", c.name);
+        }
+    }
+    // The fraction in canonical form, whatever KAI spelling the annotation used.
+    for (spelled, canonical) in [
+        ("25e-2", "0.25"),
+        ("+.50", "0.5"),
+        ("000.00024E-00", "0.00024"),
+    ] {
+        let mut pod = object(SMALL);
+        pod["metadata"]["annotations"]["gpu-fraction"] = json!(spelled);
+        let out = mutate(&pod, &settings(1_000_000));
+        let entries = file_entries(&out, "train");
+        assert_eq!(
+            entries.get("HAMI_GPU_FRACTION").map(String::as_str),
+            Some(canonical),
+            "{spelled}"
+        );
+    }
+}
+
+#[test]
+fn the_node_gpu_file_is_where_the_hook_folder_is_mounted() {
+    for (hook, path) in [
+        ("/usr/local/vgpu", "/usr/local/vgpu/node-gpus"),
+        ("/opt/kai/vgpu/", "/opt/kai/vgpu/node-gpus"),
+        ("//opt/./kai/../kai/vgpu", "/opt/kai/vgpu/node-gpus"),
+    ] {
+        let mut s = settings(16384);
+        s.kai.hook_path = hook.to_owned();
+        let out = mutate(&object(SMALL), &s);
+        let c = &out.pod.spec.as_ref().unwrap().containers[0];
+        // The folder is mounted at that cleaned path, so the file is there in the container.
+        let (folder, _) = path.rsplit_once('/').unwrap();
+        assert!(
+            mounts(c)
+                .iter()
+                .any(|m| m.0 == "kai-resource-isolator-vgpu" && m.1 == folder),
+            "{hook}: {:?}",
+            mounts(c)
+        );
+        let (_, text) = &out.files[0];
+        assert!(parse(text).is_clean(), "{hook}: {text}");
+        assert_eq!(
+            parse(text)
+                .entries
+                .get("HAMI_NODE_GPUS")
+                .map(String::as_str),
+            Some(path),
+            "{hook}"
+        );
+    }
+    // A folder the file cannot name: the admission-time cap alone, and the operator is told.
+    let mut s = settings(16384);
+    s.kai.hook_path = "/opt/my vgpu".to_owned();
+    let out = mutate(&object(SMALL), &s);
+    assert_eq!(
+        out.files,
+        [(
+            "train".to_owned(),
+            "CUDA_DEVICE_MEMORY_LIMIT=4096m\nHAMI_LIMITS_FORMAT=1\n".to_owned()
+        )]
+    );
+    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    for needle in [
+        "kai.hookPath \"/opt/my vgpu\"",
+        "/opt/my vgpu/node-gpus",
+        "admission-time cap only",
+    ] {
+        assert!(
+            out.warnings[0].contains(needle),
+            "{needle}: {:?}",
+            out.warnings
+        );
+    }
+}
+
+#[test]
+fn a_fraction_past_64_places_keeps_the_admission_time_cap_alone() {
+    // KAI accepts it (a 64-bit float reads it as 0.1), the cap is computed exactly, but the limits
+    // file's HAMI_GPU_FRACTION holds at most 64 places.
+    let long = format!("0.1{}1", "0".repeat(64));
+    let mut pod = object(SMALL);
+    pod["metadata"]["annotations"]["gpu-fraction"] = json!(long);
+    let out = mutate(&pod, &settings(100_000));
+    assert_eq!(
+        out.files,
+        [(
+            "train".to_owned(),
+            "CUDA_DEVICE_MEMORY_LIMIT=10000m\nHAMI_LIMITS_FORMAT=1\n".to_owned()
+        )]
+    );
+    assert_eq!(out.warnings.len(), 1, "{:?}", out.warnings);
+    assert!(
+        out.warnings[0].contains("more than 64 decimal places"),
+        "{:?}",
+        out.warnings
+    );
+    // 64 places exactly: the keys are written.
+    let at_bound = format!("0.1{}1", "0".repeat(62));
+    pod["metadata"]["annotations"]["gpu-fraction"] = json!(at_bound);
+    let out = mutate(&pod, &settings(100_000));
+    assert_eq!(
+        file_entries(&out, "train")
+            .get("HAMI_GPU_FRACTION")
+            .map(String::as_str),
+        Some(at_bound.as_str())
+    );
+    assert!(out.warnings.is_empty(), "{:?}", out.warnings);
+}
+
+#[test]
+fn only_the_preloaded_container_gets_the_per_node_keys() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "annotations": {"gpu-fraction": "0.5", "gpu-fraction-container-name": "gpu"}},
+        "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "sidecar"}, {"name": "gpu"}]}});
+    let out = mutate(&pod, &settings(81_920));
+    assert_eq!(
+        out.files,
+        [
+            (
+                "sidecar".to_owned(),
+                "CUDA_DEVICE_MEMORY_LIMIT=40960m\nHAMI_LIMITS_FORMAT=1\n".to_owned()
+            ),
+            (
+                "gpu".to_owned(),
+                "CUDA_DEVICE_MEMORY_LIMIT=40960m\nHAMI_GPU_FRACTION=0.5\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
+                    .to_owned()
+            ),
+        ]
+    );
+    for (_, text) in &out.files {
+        assert!(parse(text).is_clean(), "{text}");
+    }
+}
+
+#[test]
+fn the_opt_out_gives_each_preloaded_container_a_file_saying_it_is_uncapped() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "p", "namespace": "ml", "annotations": {"gpu-fraction": "0.5"}},
+    "spec": {"schedulerName": "kai-scheduler",
+        "initContainers": [{"name": "init"}],
+        "containers": [
+            {"name": "main"},
+            {"name": "own", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1000m"}]}
+        ]}});
+    let mut s = warn();
+    s.kai.preload_containers = PreloadContainers::All;
+    let out = mutate(&pod, &s);
+    // Every preloaded container without a limit of its own; none gets a cap.
+    let names: Vec<&str> = out.files.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(names, ["init", "main"]);
+    for (container, text) in &out.files {
+        assert_eq!(text, "HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=no-source\n");
+        // What `hami-limits check /overrideEnv` shows in the container: one warning.
+        let parsed = parse(text);
+        assert_eq!(parsed.diagnostics.len(), 1, "{:?}", parsed.diagnostics);
+        let d = &parsed.diagnostics[0];
+        assert_eq!(d.severity, hami_shared::limits_file::Severity::Warning);
+        for needle in [
+            "runs without a GPU memory cap",
+            "kai.missingBasis is warn",
+            "no kai.perGpuVramMib",
+        ] {
+            assert!(d.message.contains(needle), "{needle}: {}", d.message);
+        }
+        let c = all_containers(&out.pod)
+            .into_iter()
+            .find(|c| &c.name == container)
+            .unwrap();
+        assert!(env(c, "CUDA_DEVICE_MEMORY_LIMIT").is_empty());
+        assert!(mounts(c).contains(&limits_mount(container)), "{container}");
+    }
+    let own = &out.pod.spec.as_ref().unwrap().containers[1];
+    assert!(!mounts(own).iter().any(|m| m.1 == "/overrideEnv"));
+    assert_eq!(
+        out.observations,
+        [
+            Observation::KaiCapSkipped(hami_webhook::basis::SkipReason::NoSource),
+            Observation::KaiPod(hami_webhook::mutation::KaiLimit::None)
+        ]
+    );
+    // preloadContainers: fraction: the one preloaded container.
+    let out = mutate(&pod, &warn());
+    let names: Vec<&str> = out.files.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(names, ["main"]);
+    // Its own mount at /overrideEnv would hide the file: denied, as for a capped pod.
+    let mut shadow = pod.clone();
+    shadow["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
+    shadow["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
+    assert!(denial(&shadow, &warn()).contains("/overrideEnv"));
 }

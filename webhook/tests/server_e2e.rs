@@ -260,6 +260,69 @@ async fn update_may_not_touch_the_owned_limits_annotations() {
     server.stop().await;
 }
 
+/// A `gpu-fraction` pod and no per-GPU VRAM basis (the server has no node watch here): refused
+/// by default, counted in no metric of skipped caps; admitted uncapped with the opt-out
+/// `kai.missingBasis: warn`, with a warning the client prints, counted by reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fraction_pod_without_a_basis_is_denied_by_default_and_counted_when_opted_out() {
+    let certs = generate_localhost().unwrap();
+    let server = start(&certs, |_| {}).await;
+    let mut conn = connect(server.addr, client_config(&certs.ca_pem, &[b"h2"], false))
+        .await
+        .unwrap();
+    let out = conn.review(KAI_POD).await;
+    assert_eq!(out["response"]["allowed"], false, "{out}");
+    let message = out["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message
+            .contains("kai.missingBasis is deny, so the pod is refused rather than run uncapped"),
+        "{message}"
+    );
+    server
+        .wait_metric(r#"hami_webhook_admission_requests_total{outcome="denied"} 1"#)
+        .await;
+    let (_, metrics) = server.ops_get("/metrics").await;
+    for line in [
+        r#"hami_webhook_kai_fraction_caps_skipped_total{reason="no-source"} 0"#,
+        r#"hami_webhook_kai_pods_total{limit="none"} 0"#,
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}:\n{metrics}");
+    }
+    server.stop().await;
+
+    let server = start(&certs, |s| {
+        s.kai.missing_basis = hami_webhook::kai::MissingBasis::Warn;
+    })
+    .await;
+    let mut conn = connect(server.addr, client_config(&certs.ca_pem, &[b"h2"], false))
+        .await
+        .unwrap();
+    let create: Value = serde_json::from_str(KAI_POD).unwrap();
+    let answer = conn.review(KAI_POD).await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let warnings = answer["response"]["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{answer}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .contains("GPU memory cap skipped (kai.missingBasis is warn)"),
+        "{answer}"
+    );
+    let pod = patched(&create, &answer);
+    assert_eq!(
+        pod["metadata"]["annotations"]["limits.hami.io/train"],
+        "HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=no-source\n"
+    );
+    server
+        .wait_metric(r#"hami_webhook_kai_fraction_caps_skipped_total{reason="no-source"} 1"#)
+        .await;
+    server
+        .wait_metric(r#"hami_webhook_kai_pods_total{limit="none"} 1"#)
+        .await;
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_bodies_get_documented_answers_and_the_server_keeps_serving() {
     let certs = generate_localhost().unwrap();

@@ -13,15 +13,21 @@
 //! `hami.io/limits-<container>` would exceed 63 characters for a 57-character container name.
 //! The webhook owns every key under `limits.hami.io/`: on CREATE each is set to what it computed,
 //! and any other key under that prefix is removed, so a user cannot supply their own file.
+//!
+//! What a file holds ([`FileCap`]): the admission-time `CUDA_DEVICE_MEMORY_LIMIT`; for
+//! `gpu-fraction` in a preloaded container also `HAMI_GPU_FRACTION` and `HAMI_NODE_GPUS`, from
+//! which the preload library computes the exact cap of the GPU the container sees on its node; and
+//! for a pod admitted without a cap (`kai.missingBasis: warn`) only `HAMI_UNCAPPED=<reason>`.
 
 use std::collections::{HashMap, HashSet};
 
 use hami_shared::container::{LimitsBuilder, PlanWarning};
-use hami_shared::limits_file::LimitsFile;
+use hami_shared::limits_file::{LimitsFile, LimitsFileError};
 use hami_shared::names::{ANNOTATION_LIMIT_DELIVERY, OVERRIDE_ENV_PATH};
 use hami_shared::values::{LimitDelivery, MemoryLimitMib};
 use serde_json::Value;
 
+use crate::basis::SkipReason;
 use crate::kai::inject::{OurMount, check_mounts};
 use crate::mutation::{Denial, PodMutation, ProjectedFile};
 use crate::patch::{DownwardApi, DownwardItem, DownwardVolume, FieldRef, NewMount};
@@ -49,27 +55,85 @@ pub fn field_path(container: &str) -> String {
     format!("metadata.annotations['{ANNOTATION_PREFIX}{container}']")
 }
 
+/// What one container's limits file says about its GPU memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileCap<'s> {
+    /// The admission-time cap alone: `CUDA_DEVICE_MEMORY_LIMIT=<N>m` (`gpu-memory`; a
+    /// `gpu-fraction` container without the preload, or whose fraction the file cannot hold).
+    Limit(MemoryLimitMib),
+    /// `gpu-fraction` in a container with the preload: the admission-time cap, and
+    /// `HAMI_GPU_FRACTION` / `HAMI_NODE_GPUS` from which the preload library computes the exact
+    /// cap of the GPU(s) the container sees on its node.
+    PerNode {
+        /// The admission-time cap (the fraction of the smallest GPU the pod could land on).
+        limit: MemoryLimitMib,
+        /// The fraction, canonical (`0.25`).
+        fraction: &'s str,
+        /// The node GPU file's container path (`<kai.hookPath>/node-gpus`).
+        node_gpus: &'s str,
+    },
+    /// No cap (`kai.missingBasis: warn`, no basis): `HAMI_UNCAPPED=<reason>`, for
+    /// `hami-limits check` in the container to say so.
+    Uncapped(SkipReason),
+}
+
 /// The limits file for one container, built by the shared [`LimitsBuilder`] as the device plugin
-/// builds its own: the memory limit, the format line, and the variables of
+/// builds its own: what `cap` says, the format line, and the variables of
 /// [`hami_shared::container::COPIED_FROM_SPEC`] copied from the container's `env` (the last entry
 /// of a name wins, as in Kubernetes) when HAMi-core reads them as meant. Returns the file and a
 /// warning per variable left out.
 #[must_use]
 pub fn limits_file(
     container: &crate::pod::Container<'_>,
-    limit: MemoryLimitMib,
+    cap: FileCap<'_>,
 ) -> (LimitsFile, Vec<PlanWarning>) {
     let mut builder = LimitsBuilder::new(&container.name);
-    // `None`: `CUDA_DEVICE_MEMORY_LIMIT`, every GPU of the container; cannot fail.
-    let _ = builder.memory_limit(None, limit);
-    builder.copy_from_spec(&container.spec_env());
-    builder.finish()
+    let refused = match cap {
+        FileCap::Limit(limit) => {
+            // `None`: `CUDA_DEVICE_MEMORY_LIMIT`, every GPU of the container; cannot fail.
+            let _ = builder.memory_limit(None, limit);
+            None
+        }
+        FileCap::PerNode {
+            limit,
+            fraction,
+            node_gpus,
+        } => {
+            let _ = builder.memory_limit(None, limit);
+            // Validated by the caller; should either value be refused, neither key is written
+            // and the admission-time cap stands, with a warning.
+            builder.per_node_fraction(fraction, node_gpus).err()
+        }
+        FileCap::Uncapped(reason) => builder.uncapped(reason.as_str()).err(),
+    };
+    // A file without a memory limit leaves the environment alone in the preload library: nothing
+    // else is worth copying into it.
+    if !matches!(cap, FileCap::Uncapped(_)) {
+        builder.copy_from_spec(&container.spec_env());
+    }
+    let (file, mut warnings) = builder.finish();
+    warnings.extend(refused.map(|e| refusal(container, e)));
+    (file, warnings)
 }
 
-/// In `file` mode, give each container in `limited` its limits file: the annotation, one item of
-/// the downward-API volume, and a read-only `subPath` mount at `/overrideEnv`. In `env` mode
-/// nothing is added. In both modes, webhook-owned annotations the pod should not carry are
-/// removed, and a container whose limit the webhook sets may not mount anything else at
+/// A key the builder refused, as the warning the user sees.
+fn refusal(container: &crate::pod::Container<'_>, e: LimitsFileError) -> PlanWarning {
+    let (key, value, reason) = match e {
+        LimitsFileError::UnsafeValue { key, value, reason } => (key, value, reason),
+        other => (String::new(), String::new(), other.to_string()),
+    };
+    PlanWarning::NotCopied {
+        container: container.name.to_string(),
+        key,
+        value,
+        reason,
+    }
+}
+
+/// In `file` mode, give each container in `files` its limits file (what its [`FileCap`] says):
+/// the annotation, one item of the downward-API volume, and a read-only `subPath` mount at
+/// `/overrideEnv`. In `env` mode nothing is added. In both modes, webhook-owned annotations the
+/// pod should not carry are removed, and a container in `files` may not mount anything else at
 /// `/overrideEnv` (HAMi-core would read that file instead of the cap).
 ///
 /// # Errors
@@ -78,12 +142,11 @@ pub fn limits_file(
 /// is not the webhook's, or a container name that is not a DNS-1123 label.
 pub fn deliver(
     m: &mut PodMutation<'_, '_>,
-    limited: &[ContainerRef],
-    limit: MemoryLimitMib,
+    files: &[(ContainerRef, FileCap<'_>)],
     delivery: LimitDelivery,
 ) -> Result<(), Denial> {
     let pod = m.pod();
-    for &at in limited {
+    for &(at, _) in files {
         let Some(c) = pod.container(at) else { continue };
         check_mounts(
             m,
@@ -108,7 +171,7 @@ pub fn deliver(
             .filter(|(k, _)| !k.starts_with(ANNOTATION_PREFIX))
             .map(|(k, v)| k.len() + v.len())
             .sum();
-        for &at in limited {
+        for &(at, cap) in files {
             let Some(c) = pod.container(at) else { continue };
             if !hami_shared::container::is_dns1123_label(&c.name) {
                 return Err(m.deny(format_args!(
@@ -116,7 +179,7 @@ pub fn deliver(
                     c.name
                 )));
             }
-            let (file, warnings) = limits_file(c, limit);
+            let (file, warnings) = limits_file(c, cap);
             for w in warnings {
                 m.warn(w.to_string());
             }
@@ -125,7 +188,7 @@ pub fn deliver(
             if annotation_bytes > MAX_ANNOTATION_BYTES {
                 return Err(m.deny(format_args!(
                     "the limits files of its {} containers would bring the pod's annotations past {} KiB, the API server's limit for one object; use fewer containers, or {ANNOTATION_LIMIT_DELIVERY}: env (the limit as a variable, no file)",
-                    limited.len(),
+                    files.len(),
                     MAX_ANNOTATION_BYTES / 1024
                 )));
             }

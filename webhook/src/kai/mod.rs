@@ -10,7 +10,9 @@
 //! 3. [`inject`]: the HAMi-core preload (hostPath volume, two mounts) into the target containers,
 //!    and the limit variable into every container that does not set one.
 //! 4. [`downward`]: in `file` delivery mode, the per-container limits file as a webhook-owned
-//!    annotation, projected read-only at `/overrideEnv`.
+//!    annotation, projected read-only at `/overrideEnv`; for `gpu-fraction` it also carries the
+//!    fraction and the node GPU file's path (the preload library's exact per-node cap), and for a
+//!    pod admitted without a cap (`kai.missingBasis: warn`) it says so (`HAMI_UNCAPPED`).
 //!
 //! [`settings`] holds the `kai:` section. Nothing here imports this module back.
 
@@ -20,11 +22,16 @@ pub mod quantity;
 pub mod select;
 pub mod settings;
 
+use hami_preload_core::fraction::MAX_PLACES;
+use hami_shared::limits_file::project_value_problem;
+use hami_shared::names::{ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS, NODE_GPUS_FILE};
 use hami_shared::values::LimitDelivery;
 
 use crate::basis::{Basis, VramBasis};
 use crate::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::placement::Placement;
+use crate::pod::ContainerRef;
+use downward::FileCap;
 
 pub use select::KaiRequest;
 pub use settings::{KaiSettings, MissingBasis, PreloadContainers};
@@ -36,7 +43,7 @@ pub use settings::{KaiSettings, MissingBasis, PreloadContainers};
 /// # Errors
 /// [`Denial`] for an invalid KAI request (bad or conflicting annotations, a container name that
 /// matches nothing, a cap below 1 MiB), a pod that would bypass the limits file, or (with
-/// `kai.missingBasis: deny`) a `gpu-fraction` pod whose cap cannot be computed.
+/// `kai.missingBasis: deny`, the default) a `gpu-fraction` pod whose cap cannot be computed.
 pub fn mutate(
     m: &mut PodMutation<'_, '_>,
     kai: &KaiSettings,
@@ -47,8 +54,8 @@ pub fn mutate(
         return Ok(());
     };
     let request = select::validate(m, &raw)?;
-    let limit_mib = match &request {
-        KaiRequest::Memory(mib) => Some(*mib),
+    let cap = match &request {
+        KaiRequest::Memory(mib) => Ok(*mib),
         KaiRequest::Fraction(f) => {
             let basis = match kai.per_gpu_vram_mib {
                 Some(mib) if mib > 0 => Ok(Basis { mib }),
@@ -63,7 +70,7 @@ pub fn mutate(
                             raw.value, basis.mib
                         )));
                     }
-                    Some(mib)
+                    Ok(mib)
                 }
                 Err(reason) if kai.missing_basis == MissingBasis::Deny => {
                     return Err(m.deny(format_args!(
@@ -74,29 +81,97 @@ pub fn mutate(
                 Err(reason) => {
                     m.observe(Observation::KaiCapSkipped(reason));
                     m.warn(format!(
-                        "gpu-fraction={:?}: GPU memory cap skipped, HAMi-core is injected without CUDA_DEVICE_MEMORY_LIMIT: {reason}",
+                        "gpu-fraction={:?}: GPU memory cap skipped (kai.missingBasis is warn), HAMi-core is injected without CUDA_DEVICE_MEMORY_LIMIT: {reason}",
                         raw.value
                     ));
-                    None
+                    Err(reason)
                 }
             }
         }
     };
     let targets = select::preload_targets(m, kai.preload_containers)?;
     inject::preload(m, &targets, &kai.hook_path)?;
-    let Some(limit_mib) = limit_mib else {
-        downward::remove_owned_annotations(m, &[]);
-        m.observe(Observation::KaiPod(KaiLimit::None));
-        return Ok(());
-    };
-    let (limit, limited) = inject::memory_limit(m, limit_mib)?;
     // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
     // webhook's `kai.limitDelivery`: KAI pods have no node config.
     let delivery = annotation_delivery.unwrap_or(kai.limit_delivery);
-    downward::deliver(m, &limited, limit, delivery)?;
+    let limit_mib = match cap {
+        Ok(mib) => mib,
+        Err(reason) => {
+            // The opt-out, made visible where the container runs: in file delivery each
+            // preloaded container without a limit of its own gets a file saying why it has none.
+            let files: Vec<(ContainerRef, FileCap<'_>)> = if delivery == LimitDelivery::File {
+                let pod = m.pod();
+                targets
+                    .iter()
+                    .filter(|&&at| {
+                        pod.container(at).is_some_and(|c| {
+                            !c.env
+                                .iter()
+                                .flatten()
+                                .any(|e| inject::is_memory_limit_var(&e.name))
+                        })
+                    })
+                    .map(|&at| (at, FileCap::Uncapped(reason)))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            downward::deliver(m, &files, delivery)?;
+            m.observe(Observation::KaiPod(KaiLimit::None));
+            return Ok(());
+        }
+    };
+    let (limit, limited) = inject::memory_limit(m, limit_mib)?;
+    let per_node = match (&request, delivery) {
+        (KaiRequest::Fraction(f), LimitDelivery::File) => per_node_keys(m, f, &kai.hook_path),
+        _ => None,
+    };
+    let files: Vec<(ContainerRef, FileCap<'_>)> = limited
+        .iter()
+        .map(|&at| {
+            let cap = match &per_node {
+                // The node GPU file is in the hook folder, mounted in the preloaded containers only.
+                Some((fraction, node_gpus)) if targets.contains(&at) => FileCap::PerNode {
+                    limit,
+                    fraction,
+                    node_gpus,
+                },
+                _ => FileCap::Limit(limit),
+            };
+            (at, cap)
+        })
+        .collect();
+    downward::deliver(m, &files, delivery)?;
     m.observe(Observation::KaiPod(match request {
         KaiRequest::Memory(_) => KaiLimit::GpuMemory,
         KaiRequest::Fraction(_) => KaiLimit::GpuFraction,
     }));
     Ok(())
+}
+
+/// `HAMI_GPU_FRACTION` and `HAMI_NODE_GPUS` for a `gpu-fraction` pod in file delivery: the
+/// canonical fraction and `<kai.hookPath, cleaned>/node-gpus` (the hook folder is mounted at its
+/// own path, read-only, by [`inject::preload`], and the device plugin's `install-hook` publishes
+/// the node GPU file there). `None`, with a warning, when the file cannot hold them: the
+/// admission-time cap then stands alone.
+fn per_node_keys(
+    m: &mut PodMutation<'_, '_>,
+    fraction: &quantity::Fraction,
+    hook_path: &str,
+) -> Option<(String, String)> {
+    let hook = crate::mountpath::resolve(hook_path);
+    let node_gpus = format!("{}/{NODE_GPUS_FILE}", hook.trim_end_matches('/'));
+    let Some(canonical) = fraction.canonical() else {
+        m.warn(format!(
+            "gpu-fraction={fraction}: more than {MAX_PLACES} decimal places, more than the limits file's {ENV_HAMI_GPU_FRACTION} holds; the container keeps the admission-time cap (the fraction of the smallest GPU it could land on), not the exact cap of its node's GPU"
+        ));
+        return None;
+    };
+    if let Some(problem) = project_value_problem(ENV_HAMI_NODE_GPUS, &node_gpus) {
+        m.warn(format!(
+            "kai.hookPath {hook_path:?}: the node GPU file's path {node_gpus:?} is {problem}; the limits files carry the admission-time cap only (no {ENV_HAMI_GPU_FRACTION}, {ENV_HAMI_NODE_GPUS})"
+        ));
+        return None;
+    }
+    Some((canonical, node_gpus))
 }

@@ -193,35 +193,25 @@ impl Fraction {
         })
     }
 
-    /// `floor(self × mib)`, exactly.
+    /// `floor(self × mib)`, exactly, by [`hami_preload_core::fraction::floor_of`]: the preload
+    /// library computes its per-node cap with the same function, so the two never disagree.
     #[must_use]
     pub fn of(&self, mib: u64) -> u64 {
-        // self < 1, so the result is < mib; a value below 10^-20 times any u64 floors to 0.
+        // self < 1, so `digits` has at most `places` digits (its last one at 10^exponent < 1).
         let places = self.exponent.unsigned_abs();
-        let len = self.digits.len() as u64;
-        if places >= len + 20 {
-            return 0;
-        }
-        // product = digits × mib as decimal digits (most significant first), then drop the last
-        // `places` digits.
-        let mut product: Vec<u8> = Vec::with_capacity(self.digits.len() + 20);
-        let mut carry: u128 = 0;
-        for d in self.digits.bytes().rev() {
-            let v = u128::from(d - b'0') * u128::from(mib) + carry;
-            product.push((v % 10) as u8);
-            carry = v / 10;
-        }
-        while carry > 0 {
-            product.push((carry % 10) as u8);
-            carry /= 10;
-        }
-        // `product` is least significant first; skip `places` digits.
-        let skip = usize::try_from(places).unwrap_or(usize::MAX);
-        let mut result: u64 = 0;
-        for &d in product.iter().skip(skip).rev() {
-            result = result.saturating_mul(10).saturating_add(u64::from(d));
-        }
-        result
+        hami_preload_core::fraction::floor_of(self.digits.as_bytes(), places, mib)
+    }
+
+    /// The value as the limits file's `HAMI_GPU_FRACTION` holds it (`0.25`: plain decimal, no
+    /// trailing zero), when [`hami_preload_core::fraction::parse_canonical`] accepts it, i.e. at
+    /// most [`hami_preload_core::fraction::MAX_PLACES`] places; `None` otherwise (the
+    /// admission-time cap then stands alone).
+    #[must_use]
+    pub fn canonical(&self) -> Option<String> {
+        let text = self.to_string();
+        hami_preload_core::fraction::parse_canonical(text.as_bytes())
+            .is_some()
+            .then_some(text)
     }
 }
 
@@ -252,7 +242,7 @@ impl fmt::Display for Fraction {
     /// The value in plain decimal notation, e.g. `0.25`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let places = usize::try_from(self.exponent.unsigned_abs()).unwrap_or(usize::MAX);
-        if places > 64 {
+        if places > hami_preload_core::fraction::MAX_PLACES {
             return write!(f, "{}e{}", self.digits, self.exponent);
         }
         f.write_str("0.")?;
@@ -455,6 +445,42 @@ mod tests {
     fn fraction_displays_normalised() {
         assert_eq!(Fraction::parse("00.2500").unwrap().to_string(), "0.25");
         assert_eq!(Fraction::parse("5e-3").unwrap().to_string(), "0.005");
+    }
+
+    #[test]
+    fn canonical_form_is_what_the_preload_library_reads() {
+        for (text, canonical) in [
+            ("0.25", Some("0.25")),
+            ("00.2500", Some("0.25")),
+            (".5", Some("0.5")),
+            ("5e-1", Some("0.5")),
+            ("+0.5E0", Some("0.5")),
+            ("000.00024E-00", Some("0.00024")),
+            (
+                "1e-64",
+                Some("0.0000000000000000000000000000000000000000000000000000000000000001"),
+            ),
+            // 65 places: valid for KAI, past what the file holds (the admission cap stands alone).
+            ("1e-65", None),
+            (
+                "0.10000000000000000000000000000000000000000000000000000000000000001",
+                None,
+            ),
+        ] {
+            let f = Fraction::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(f.canonical().as_deref(), canonical, "{text}");
+            if let Some(c) = f.canonical() {
+                // The preload library's reading of the canonical text gives the webhook's cap.
+                let digits = hami_preload_core::fraction::parse_canonical(c.as_bytes()).unwrap();
+                for mib in [1, 100, 15_360, 81_559, 143_771, u64::MAX] {
+                    assert_eq!(
+                        hami_preload_core::fraction::of_mib(digits, mib),
+                        f.of(mib),
+                        "{text} x {mib}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -22,10 +22,12 @@ pub enum PreloadContainers {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MissingBasis {
-    /// Admit it with HAMi-core but without a memory cap, with a warning (default).
-    #[default]
+    /// The explicit opt-out: admit it with HAMi-core but without a memory cap, with a warning, a
+    /// metric and (file delivery) a limits file saying `HAMI_UNCAPPED=<reason>`.
     Warn,
-    /// Refuse it, saying why and how to provide a basis (fail closed).
+    /// Refuse it, saying why and how to provide a basis (fail closed; default: a GPU share is
+    /// never run uncapped unless an operator asked for it).
+    #[default]
     Deny,
 }
 
@@ -73,8 +75,9 @@ pub struct KaiSettings {
     /// Delivery mode when the pod has no `hami.io/limit-delivery`: `file` (default) or `env`.
     #[serde(alias = "limitdelivery")]
     pub limit_delivery: LimitDelivery,
-    /// A `gpu-fraction` pod without a per-GPU VRAM basis: `warn` (default: admitted uncapped with a
-    /// warning) or `deny`. Env `HAMI_KAI__MISSINGBASIS`. `gpu-memory` pods need no basis.
+    /// A `gpu-fraction` pod without a per-GPU VRAM basis: `deny` (default: refused, fail closed)
+    /// or `warn` (the opt-out: admitted uncapped, with a warning). Env `HAMI_KAI__MISSINGBASIS`.
+    /// `gpu-memory` pods need no basis.
     #[serde(alias = "missingbasis")]
     pub missing_basis: MissingBasis,
 }
@@ -88,7 +91,7 @@ impl Default for KaiSettings {
             per_gpu_vram_mib: None,
             node_label_selector: hami_shared::names::LABEL_GPU_MEMORY.to_owned(),
             limit_delivery: LimitDelivery::File,
-            missing_basis: MissingBasis::Warn,
+            missing_basis: MissingBasis::Deny,
         }
     }
 }

@@ -30,7 +30,7 @@ pub async fn watch_cluster(
             Err(e) => {
                 index.metrics().watch_errors.inc();
                 index.metrics().failing.set(1);
-                tracing::error!(error = %e, retry_in_ms = backoff.delay().as_millis() as u64, "no Kubernetes client for the node watch; gpu-fraction caps are skipped until it works (or set HAMI_KAI__PER_GPU_VRAM_MIB)");
+                tracing::error!(error = %e, retry_in_ms = backoff.delay().as_millis() as u64, "no Kubernetes client for the node watch; until it works gpu-fraction pods have no VRAM basis and are refused (admitted uncapped with kai.missingBasis: warn); or set HAMI_KAI__PER_GPU_VRAM_MIB");
                 tokio::select! {
                     () = &mut shutdown => return,
                     () = tokio::time::sleep(backoff.delay()) => {}
