@@ -169,6 +169,17 @@ SCENARIOS: dict[str, dict] = {
         "webhook": {"kai": {"hookPath": "/opt/kai/vgpu"}},
     },
     "device-plugin-only": {"webhook": {"enabled": False}, "devicePlugin": {"hamiCore": {"install": False}}},
+    # Nodes without NVML: the inventory reaches the plugin and both install-hook init containers
+    # (the node GPU file); the hook installer on the NVIDIA runtime class.
+    "inventory": {
+        "devicePlugin": {
+            "inventory": [
+                {"uuid": "GPU-11111111-aaaa-4000-8000-000000000001", "name": "NVIDIA H200", "memoryMib": 143771, "minor": 3},
+                {"uuid": "GPU-22222222-bbbb-4000-8000-000000000002", "name": "NVIDIA H200", "memoryMib": 143771, "numaNode": 1},
+            ]
+        },
+        "hookInstaller": {"enabled": True, "runtimeClassName": "nvidia"},
+    },
     # HAMi's vGPU monitor off; the ServiceMonitor then scrapes the plugin's port only.
     "no-monitor": {"devicePlugin": {"monitor": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
     # The monitor from another image and port, tuned, with the plugin on HAMi's old port.
@@ -268,6 +279,9 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("monitor unknown key", {"devicePlugin": {"monitor": {"ctrPath": "/usr/local/vgpu/containers"}}}, "ctrPath"),
     ("existingConfigMap not a DNS name", {"deviceConfig": {"existingConfigMap": "HAMi_Device"}}, "existingConfigMap"),
     ("deviceConfig key with a slash", {"deviceConfig": {"key": "a/b.yaml"}}, "key"),
+    ("inventory minor of /dev/nvidiactl", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 1, "minor": 255}]}}, "minor"),
+    ("inventory memory beyond 16 TiB", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 16777217}]}}, "memoryMib"),
+    ("hookInstaller runtimeClassName not a DNS name", {"hookInstaller": {"runtimeClassName": "NVIDIA_runtime"}}, "runtimeClassName"),
 ]
 
 # certs.certgen.renewal.schedule: what the schema must accept (what Kubernetes' CronJob parser

@@ -155,6 +155,19 @@ capabilities:
 {{/* Where the device plugin image carries the preload library (Dockerfile, stage device-plugin). */}}
 {{- define "hami-limits.preloadLibrary" -}}/usr/local/lib/hami-limits/libhami_preload.so{{- end -}}
 
+{{/* Where the inventory ConfigMap (devicePlugin.inventory) is mounted: the folder, and the file
+`run --inventory` and `install-hook --inventory` read. */}}
+{{- define "hami-limits.inventoryDir" -}}/etc/hami-limits/inventory{{- end -}}
+{{- define "hami-limits.inventoryFile" -}}{{ include "hami-limits.inventoryDir" . }}/inventory.yaml{{- end -}}
+
+{{/* The volume `inventory`: the ConfigMap <fullname>-inventory (configmaps.yaml renders it when
+devicePlugin.inventory is set). */}}
+{{- define "hami-limits.inventoryVolume" -}}
+- name: inventory
+  configMap:
+    name: {{ include "hami-limits.fullname" . }}-inventory
+{{- end -}}
+
 {{/* The host folder KAI pods get as HAMi-core (webhook.yaml kai.hookPath, and what the hook
 installer fills): webhook.kai.hookPath, else <devicePlugin.hookPath>/vgpu. One definition, so the
 webhook and the hook installer cannot disagree. */}}
@@ -164,17 +177,22 @@ webhook and the hook installer cannot disagree. */}}
 
 {{/*
 The two init containers that install HAMi-core and the preload library into <hookPath>/vgpu on the
-host; pass (dict "ctx" $ "hookPath" HOOK "securityContext" MAP "extraArgs" LIST "extraEnv" LIST):
-securityContext is overlaid on both containers' own, extraArgs and extraEnv go to install-hook. The
-pod needs the volumes of "hami-limits.hookHandoffVolume" and the hostPath volume `hami-core`.
+host and publish the node GPU file there; pass (dict "ctx" $ "hookPath" HOOK "securityContext" MAP
+"extraArgs" LIST "extraEnv" LIST): securityContext is overlaid on both containers' own, extraArgs
+and extraEnv go to install-hook. The pod needs the volumes of "hami-limits.hookHandoffVolume", the
+hostPath volume `hami-core` and, when devicePlugin.inventory is set, "hami-limits.inventoryVolume".
   1. copy-hami-core (HAMi's image; only `sh` and `cp` assumed): copies HAMi's library folder as it
      is (libvgpu.so or libvgpu.so.<version>, ld.so.preload, ...) into an emptyDir. Symbolic links
      stay links (-P), so that install-hook sees libvgpu.so -> libvgpu.so.<version> as one file, not
      two; ownership is not copied (root with no CAP_CHOWN could not);
   2. install-hook (our image): `hami-device-plugin install-hook` picks libvgpu.so out of it and
-     installs it, libhami_preload.so and a generated ld.so.preload (preload library first) into
+     installs it, libhami_preload.so, the node GPU file node-gpus (each GPU's minor number, UUID and
+     MiB, for KAI gpu-fraction caps) and a generated ld.so.preload (preload library first) into
      HOOK/vgpu, atomically (copy, then rename: a library mapped by running processes is never
-     overwritten in place) and idempotently.
+     overwritten in place) and idempotently. The GPUs come from NVML, which the NVIDIA runtime
+     gives this container only (NVIDIA_VISIBLE_DEVICES=all, capability utility), or from
+     devicePlugin.inventory (--inventory) when set. Without NVML it installs the libraries, leaves
+     no node-gpus and warns.
 */}}
 {{- define "hami-limits.hookInitContainers" -}}
 {{- $ctx := .ctx -}}
@@ -212,13 +230,21 @@ pod needs the volumes of "hami-limits.hookHandoffVolume" and the hostPath volume
     - --hami-core-dir=/hami-core
     - --preload={{ include "hami-limits.preloadLibrary" $ctx }}
     - --hook-path={{ $hook }}
+    {{- if $ctx.Values.devicePlugin.inventory }}
+    - --inventory={{ include "hami-limits.inventoryFile" $ctx }}
+    {{- end }}
     {{- range .extraArgs }}
     - {{ . | quote }}
     {{- end }}
-  {{- with .extraEnv }}
   env:
+    # NVML (the node GPU file) through the NVIDIA runtime: every GPU, the utility capability only.
+    - name: NVIDIA_VISIBLE_DEVICES
+      value: all
+    - name: NVIDIA_DRIVER_CAPABILITIES
+      value: utility
+    {{- with .extraEnv }}
     {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- end }}
   # Root: <hookPath>/vgpu on the host is root-owned. Root without DAC_OVERRIDE can still write the
   # folders and files it owns.
   securityContext:
@@ -232,6 +258,11 @@ pod needs the volumes of "hami-limits.hookHandoffVolume" and the hostPath volume
     # Container path = host path: ld.so.preload names the libraries by the path workloads see.
     - name: hami-core
       mountPath: {{ printf "%s/vgpu" (trimSuffix "/" $hook) }}
+    {{- if $ctx.Values.devicePlugin.inventory }}
+    - name: inventory
+      mountPath: {{ include "hami-limits.inventoryDir" $ctx }}
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
 {{/* The hand-off folder between the two init containers of "hami-limits.hookInitContainers" (the
