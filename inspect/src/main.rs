@@ -1,16 +1,21 @@
-//! `hami-limits`: inspect a limits file the way HAMi-core will read it.
+//! `hami-limits`: inspect a limits file the way HAMi-core will read it, or a node GPU file the way
+//! the preload library will.
 //!
 //! Exit status of `check`: 0 no diagnostics, 1 any diagnostic, 2 the file could not be read.
 //!
 //! `check` streams: it holds one line (at most HAMi-core's 9,999-byte line) and the entries,
-//! however long the input, and writes each diagnostic as it is found.
+//! however long the input, and writes each diagnostic as it is found. `check --node-gpus` reads
+//! at most [`NODE_GPUS_CHECK_BYTES`] (the preload library reads 4 KiB of it).
 
 use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hami_shared::limits_file::{self, EXAMPLE, LineParser};
+use hami_shared::limits_file::{self, Diagnostic, EXAMPLE, LineParser, Severity};
+use hami_shared::names::{NODE_GPUS_FILE, NODE_GPUS_FORMAT_VERSION};
+use hami_shared::node_gpus;
+use hami_shared::preload::NODE_GPUS_READ_LIMIT_BYTES;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,7 +26,9 @@ use hami_shared::limits_file::{self, EXAMPLE, LineParser};
         The device plugin publishes one limits file per container and mounts it read-only at \
         /overrideEnv, so that every process (entrypoint, kubectl exec, SSH, su -, cron) gets the same \
         GPU limits. This tool reports malformed lines and values HAMi-core would read differently \
-        than intended (04000m is octal, 3000Mi is 3000 bytes, 0 is no limit)."
+        than intended (04000m is octal, 3000Mi is 3000 bytes, 0 is no limit), and checks the node \
+        GPU file (<hook>/vgpu/node-gpus) from which the preload library sizes a KAI gpu-fraction \
+        container's cap."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,26 +37,44 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Check a limits file: one line per diagnostic, `line N: <severity>: <message>`.
+    /// Check a limits file (or, with --node-gpus, a node GPU file): one line per diagnostic,
+    /// `line N: <severity>: <message>`.
     #[command(
         after_help = "Examples:\n  kubectl exec POD -- cat /overrideEnv | hami-limits check -\n  \
             hami-limits check /usr/local/vgpu/containers/<pod-uid>_<container>.limits --json\n  \
-            hami-limits check --example\n\n\
+            hami-limits check --example\n  \
+            hami-limits check --node-gpus /usr/local/vgpu/node-gpus\n  \
+            kubectl exec POD -- cat /usr/local/vgpu/node-gpus | hami-limits check --node-gpus - --json\n\n\
+            A KAI container admitted without a GPU memory cap (kai.missingBasis: warn) has \
+            HAMI_UNCAPPED=<reason> in its limits file: reported as a warning.\n\
+            A node GPU file finding about the file as a whole (no format line, too large) is \
+            printed as `file: <severity>: <message>` (line 0 in --json).\n\n\
             Exit status: 0 no diagnostics, 1 any diagnostic (error or warning), 2 the file could not be read."
     )]
     Check {
         /// The limits file; `-` (the default) reads standard input.
-        #[arg(value_name = "FILE|-", conflicts_with = "example")]
+        #[arg(value_name = "FILE|-", conflicts_with_all = ["example", "node_gpus"])]
         file: Option<PathBuf>,
         /// Print one JSON object: {"diagnostics": [{"line", "severity", "message"}], "format", "entries"}
-        /// (streamed: the diagnostics are written as they are found).
+        /// (streamed: the diagnostics are written as they are found); with --node-gpus
+        /// {"diagnostics", "format", "gpus": {"<minor>": {"mib", "uuid"}}, "usable"}.
         #[arg(long)]
         json: bool,
         /// Check a built-in example file (what the device plugin writes for a 3000 MiB, 50 % share).
         #[arg(long)]
         example: bool,
+        /// Check a node GPU file instead (`node-gpus` in the hook folder, as `hami-device-plugin
+        /// install-hook` publishes it: each GPU's /dev/nvidia<minor>, UUID and MiB, from which the
+        /// preload library computes a KAI gpu-fraction container's exact cap); `-` reads standard
+        /// input.
+        #[arg(long, value_name = "FILE|-", conflicts_with = "example")]
+        node_gpus: Option<PathBuf>,
     },
 }
+
+/// The most bytes `check --node-gpus` reads: enough to report a file past the preload library's
+/// 4 KiB, bounded for a file that is not a node GPU file at all.
+const NODE_GPUS_CHECK_BYTES: usize = 64 * 1024;
 
 const EXIT_CLEAN: u8 = 0;
 const EXIT_DIAGNOSTICS: u8 = 1;
@@ -239,13 +264,132 @@ fn check(file: Option<PathBuf>, json: bool, example: bool) -> u8 {
     }
 }
 
+/// One diagnostic as a text line: `line N: …`, or `file: …` for one about the whole file.
+fn diagnostic_line(d: &Diagnostic) -> String {
+    if d.line == 0 {
+        format!("file: {}: {}", d.severity, d.message)
+    } else {
+        d.to_string()
+    }
+}
+
+/// `check --node-gpus FILE`: the node GPU file as the preload library reads it.
+fn check_node_gpus(file: &PathBuf, json: bool) -> u8 {
+    let (name, input) = match open_input(Some(file)) {
+        Ok(v) => v,
+        Err(msg) => {
+            eprintln!("hami-limits: {msg}");
+            return EXIT_UNREADABLE;
+        }
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = input
+        .take(NODE_GPUS_CHECK_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+    {
+        eprintln!("hami-limits: cannot read {name}: {e}");
+        return EXIT_UNREADABLE;
+    }
+    let mut parsed = node_gpus::parse(&bytes[..bytes.len().min(NODE_GPUS_CHECK_BYTES)]);
+    if bytes.len() > NODE_GPUS_READ_LIMIT_BYTES {
+        let size = if bytes.len() > NODE_GPUS_CHECK_BYTES {
+            format!("more than {NODE_GPUS_CHECK_BYTES}")
+        } else {
+            bytes.len().to_string()
+        };
+        parsed.diagnostics.insert(
+            0,
+            Diagnostic {
+                line: 0,
+                severity: Severity::Error,
+                message: format!(
+                    "the file is {size} bytes: the preload library reads at most {NODE_GPUS_READ_LIMIT_BYTES} bytes of {NODE_GPUS_FILE} and ignores a longer file (the admission-time cap stands)"
+                ),
+            },
+        );
+    }
+    let usable = parsed.usable() && bytes.len() <= NODE_GPUS_READ_LIMIT_BYTES;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = if json {
+        let gpus: serde_json::Map<String, serde_json::Value> = parsed
+            .memory_mib
+            .keys()
+            .chain(parsed.uuids.keys())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|minor| {
+                (
+                    minor.to_string(),
+                    serde_json::json!({
+                        "mib": parsed.memory_mib.get(minor),
+                        "uuid": parsed.uuids.get(minor),
+                    }),
+                )
+            })
+            .collect();
+        let doc = serde_json::json!({
+            "diagnostics": parsed.diagnostics,
+            "format": parsed.format,
+            "gpus": gpus,
+            "usable": usable,
+        });
+        writeln!(out, "{doc}")
+    } else {
+        parsed
+            .diagnostics
+            .iter()
+            .try_for_each(|d| writeln!(out, "{}", diagnostic_line(d)))
+    };
+    if written.and_then(|()| out.flush()).is_err() {
+        return EXIT_UNREADABLE;
+    }
+    if !json {
+        let gpus: Vec<String> = parsed
+            .memory_mib
+            .iter()
+            .map(|(minor, mib)| format!("/dev/nvidia{minor} {mib} MiB"))
+            .collect();
+        eprintln!(
+            "hami-limits: {name}: node GPU file, format {}, {} GPUs ({}), {}, {} diagnostics",
+            parsed
+                .format
+                .map_or_else(|| "absent".to_owned(), |f| f.to_string()),
+            gpus.len(),
+            if gpus.is_empty() {
+                "none".to_owned()
+            } else {
+                gpus.join(", ")
+            },
+            if usable {
+                "used by the preload library".to_owned()
+            } else {
+                format!(
+                    "ignored by the preload library (it reads a format-{NODE_GPUS_FORMAT_VERSION} file without errors)"
+                )
+            },
+            parsed.diagnostics.len(),
+        );
+    }
+    if parsed.diagnostics.is_empty() {
+        EXIT_CLEAN
+    } else {
+        EXIT_DIAGNOSTICS
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Check {
+            node_gpus: Some(file),
+            json,
+            ..
+        } => ExitCode::from(check_node_gpus(&file, json)),
+        Command::Check {
             file,
             json,
             example,
+            node_gpus: None,
         } => ExitCode::from(check(file, json, example)),
     }
 }

@@ -236,9 +236,29 @@ impl ParsedNodeGpus {
     }
 }
 
-/// Parse a node GPU file, tolerantly (every problem reported, the valid entries kept).
+/// The 1-based line of each key's last entry (the one that counts): where a problem with its value
+/// is reported.
+fn key_lines(bytes: &[u8]) -> BTreeMap<&str, usize> {
+    let mut lines = BTreeMap::new();
+    for (i, raw) in bytes.split(|b| *b == b'\n').enumerate() {
+        let key = raw
+            .iter()
+            .position(|b| *b == b'=')
+            .and_then(|eq| std::str::from_utf8(&raw[..eq]).ok());
+        if let Some(key) = key {
+            lines.insert(key, i + 1);
+        }
+    }
+    lines
+}
+
+/// Parse a node GPU file, tolerantly (every problem reported, the valid entries kept). A
+/// diagnostic about an entry names the line of the entry that counts (the last of its key); one
+/// about the file as a whole (no format line) has line 0. Diagnostics are in line order.
 pub fn parse(bytes: &[u8]) -> ParsedNodeGpus {
     let lines = parse_bytes(bytes);
+    let line_of = key_lines(bytes);
+    let at = |key: &str| line_of.get(key).copied().unwrap_or(0);
     let mut out = ParsedNodeGpus {
         diagnostics: lines
             .diagnostics
@@ -247,20 +267,21 @@ pub fn parse(bytes: &[u8]) -> ParsedNodeGpus {
             .collect(),
         ..ParsedNodeGpus::default()
     };
-    let error = |message: String| Diagnostic {
-        line: 0,
+    let error = |line: usize, message: String| Diagnostic {
+        line,
         severity: Severity::Error,
         message,
     };
     for (key, value) in &lines.entries {
+        let line = at(key);
         if key == ENV_HAMI_NODE_GPUS_FORMAT {
             out.format = strict_decimal(value).and_then(|v| u32::try_from(v).ok());
             match out.format {
                 Some(NODE_GPUS_FORMAT_VERSION) => {}
-                Some(v) => out.diagnostics.push(error(format!(
+                Some(v) => out.diagnostics.push(error(line, format!(
                     "{key}={v}: this reader knows format {NODE_GPUS_FORMAT_VERSION}; the preload library ignores the file"
                 ))),
-                None => out.diagnostics.push(error(format!(
+                None => out.diagnostics.push(error(line, format!(
                     "{key}={value:?} is not a positive integer; the preload library ignores the file"
                 ))),
             }
@@ -271,7 +292,7 @@ pub fn parse(bytes: &[u8]) -> ParsedNodeGpus {
                 Some(mib) => {
                     out.memory_mib.insert(minor, mib);
                 }
-                None => out.diagnostics.push(error(format!(
+                None => out.diagnostics.push(error(line, format!(
                     "{key}={value:?}: memory must be a decimal number of MiB in 1..={MAX_MIB} without leading zero; the preload library cannot size a GPU from it"
                 ))),
             },
@@ -279,13 +300,13 @@ pub fn parse(bytes: &[u8]) -> ParsedNodeGpus {
                 if is_valid_uuid(value) {
                     out.uuids.insert(minor, value.clone());
                 } else {
-                    out.diagnostics.push(error(format!(
+                    out.diagnostics.push(error(line, format!(
                         "{key}={value:?}: not 1..={MAX_UUID_LEN} characters of letters, digits, '.', '_', '-'"
                     )));
                 }
             }
             _ => out.diagnostics.push(Diagnostic {
-                line: 0,
+                line,
                 severity: Severity::Warning,
                 message: format!(
                     "key {key} is not one of {ENV_HAMI_NODE_GPUS_FORMAT}, NVIDIA<minor>_MIB, NVIDIA<minor>_UUID (minor 0..={MAX_GPU_MINOR}, no leading zero): ignored"
@@ -299,19 +320,22 @@ pub fn parse(bytes: &[u8]) -> ParsedNodeGpus {
             .keys()
             .any(|k| k.as_str() == ENV_HAMI_NODE_GPUS_FORMAT)
     {
-        out.diagnostics.push(error(format!(
-            "no {ENV_HAMI_NODE_GPUS_FORMAT} line: the preload library ignores the file"
-        )));
+        out.diagnostics.push(error(
+            0,
+            format!("no {ENV_HAMI_NODE_GPUS_FORMAT} line: the preload library ignores the file"),
+        ));
     }
     for minor in out.memory_mib.keys() {
         if !out.uuids.contains_key(minor) {
             out.diagnostics.push(Diagnostic {
-                line: 0,
+                line: at(&mib_key(*minor)),
                 severity: Severity::Warning,
                 message: format!("{} has no {}", mib_key(*minor), uuid_key(*minor)),
             });
         }
     }
+    // Stable: the line parser's findings keep their order within a line.
+    out.diagnostics.sort_by_key(|d| d.line);
     out
 }
 
@@ -398,6 +422,39 @@ mod tests {
                 p.diagnostics
             );
         }
+        // Each finding names the line of the entry it is about; the file's own, line 0.
+        let p = parse(b"NVIDIA0_UUID=GPU-0\nNVIDIA0_MIB=080\nNVIDIA1_MIB=5\nNVIDIA1_MIB=6\nX=1\n");
+        let found: Vec<(usize, Severity, &str)> = p
+            .diagnostics
+            .iter()
+            .map(|d| {
+                (
+                    d.line,
+                    d.severity,
+                    d.message.split(':').next().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (0, Severity::Error, "no HAMI_NODE_GPUS_FORMAT line"),
+                (2, Severity::Error, "NVIDIA0_MIB=\"080\""),
+                (
+                    4,
+                    Severity::Warning,
+                    "duplicate key NVIDIA1_MIB (also on line 3)"
+                ),
+                (4, Severity::Warning, "NVIDIA1_MIB has no NVIDIA1_UUID"),
+                (
+                    5,
+                    Severity::Warning,
+                    "key X is not one of HAMI_NODE_GPUS_FORMAT, NVIDIA<minor>_MIB, NVIDIA<minor>_UUID (minor 0..=254, no leading zero)"
+                ),
+            ],
+            "{:?}",
+            p.diagnostics
+        );
         // An unknown key or a missing UUID is a warning: the file is still used.
         let p = parse(b"HAMI_NODE_GPUS_FORMAT=1\nNVIDIA01_MIB=5\nNVIDIA2_MIB=7\n");
         assert!(p.usable(), "{:?}", p.diagnostics);
