@@ -1047,26 +1047,177 @@ fn denials_as_kubectl_prints_them(c: &mut Cluster) {
     }
 }
 
-fn warnings_reach_the_client(c: &mut Cluster) {
-    // No GPU node matches this selector: a gpu-fraction pod without a basis is admitted with a
-    // warning (kai.missingBasis: warn, the chart's default), which kubectl prints.
+/// `kubectl create -f -` as a user types it: its exit status, stdout and stderr.
+fn kubectl_create(c: &Cluster, pod: &Value) -> (bool, String, String) {
+    let out = c.kubectl(&["create", "-n", TENANT, "-f", "-"], Some(&pod.to_string()));
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// `hami-limits check -` of a limits file: exit status and stdout.
+fn hami_limits_check(file: &str) -> (Option<i32>, String) {
+    let mut child = Command::new(binary("hami-limits"))
+        .args(["check", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(file.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), text(&out.stdout))
+}
+
+/// The value of one sample line of the webhook's `/metrics`.
+fn metric(c: &Cluster, sample: &str) -> Option<u64> {
+    let (_, body) = c.http_get("/metrics")?;
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(sample)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|v| v as u64)
+}
+
+/// A `gpu-fraction` pod without a VRAM basis, as kubectl shows it: refused under the chart's
+/// default (`kai.missingBasis: deny`), the denial printed by kubectl; admitted with a warning
+/// kubectl prints, a limits file saying `HAMI_UNCAPPED` and the metric, once the operator opts out
+/// through the chart (`webhook.kai.missingBasis=warn`); and a pod with a basis for comparison.
+/// Printed for the README.
+fn missing_basis_denied_by_default_and_the_opt_out_warns(c: &mut Cluster) {
+    // No GPU node matches this selector.
     let mut p = kai_pod("no-basis", json!({"gpu-fraction": "0.25"}));
     p["spec"]["nodeSelector"] = json!({"pool": "nowhere"});
     let nodes = c.work.path().join("nodes.yaml");
+    let nodes = nodes.to_str().unwrap();
+    let offline = c
+        .offline(&p, &["--nodes", nodes])
+        .map(|_| ())
+        .expect_err("hami-webhook mutate admitted a pod without a basis under the default");
+    let (created, stdout, stderr) = kubectl_create(c, &p);
+    println!(
+        "kai.missingBasis=deny (chart default), gpu-fraction pod without a basis: kubectl create: exit {}, stdout {stdout:?}, stderr {stderr:?}",
+        if created { 0 } else { 1 }
+    );
+    assert!(!created, "admitted under the default: {stdout}");
+    assert!(
+        stderr.contains(&format!(
+            "admission webhook \"{WEBHOOK}\" denied the request"
+        )),
+        "not denied by the webhook: {stderr}"
+    );
+    let message = stderr.rsplit("denied the request: ").next().unwrap().trim();
+    for needle in [
+        "annotation gpu-fraction=\"0.25\" needs the per-GPU VRAM",
+        "no GPU node this pod can be placed on",
+        "kai.missingBasis is deny",
+        "nvidia.com/gpu.memory=<MiB>",
+        "kai.perGpuVramMib",
+        "gpu-memory=<MiB>",
+    ] {
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    assert!(
+        offline.contains(message),
+        "offline says {offline:?}, online {message:?}"
+    );
+    assert!(!c.exists("pod", Some(TENANT), "no-basis"));
+
+    // With a basis (the GPU nodes of the fraction case, 143771 MiB each): capped at admission,
+    // and the file tells the preload library the fraction and where the node GPU file is.
+    let with_basis = kai_pod("with-basis", json!({"gpu-fraction": "0.25"}));
+    let (created, stdout, stderr) = kubectl_create(c, &with_basis);
+    println!(
+        "gpu-fraction pod with a basis: kubectl create: exit {}, stdout {stdout:?}, stderr {stderr:?}",
+        if created { 0 } else { 1 }
+    );
+    assert!(created, "{stderr}");
+    assert!(
+        stderr.trim().is_empty(),
+        "a warning for a capped pod: {stderr}"
+    );
+    let stored = c.get("pod", Some(TENANT), "with-basis");
+    let file = stored["metadata"]["annotations"]["limits.hami.io/cuda"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no limits file: {}", stored["metadata"]));
+    println!("gpu-fraction pod with a basis: limits file {file:?}");
+    assert_eq!(
+        file,
+        "CUDA_DEVICE_MEMORY_LIMIT=35942m\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
+    );
+    assert_eq!(hami_limits_check(file), (Some(0), String::new()));
+
+    // The opt-out, through the chart values.
+    let mut values = operator_values(true, "Fail");
+    values["webhook"]["kai"]["missingBasis"] = json!("warn");
+    let release = c.helm("upgrade", Some(&values.to_string()));
+    c.run_hooks(&release, "pre-upgrade");
+    c.run_hooks(&release, "post-upgrade");
+    c.start_webhook();
+    let skipped = r#"hami_webhook_kai_fraction_caps_skipped_total{reason="no-matching-node"}"#;
+    assert_eq!(metric(c, skipped), Some(0));
     let (_, offline) = c
-        .offline(&p, &["--nodes", nodes.to_str().unwrap()])
-        .expect("mutate admits it");
+        .offline(&p, &["--nodes", nodes])
+        .unwrap_or_else(|e| panic!("mutate refused it with the opt-out: {e}"));
     let warning = offline
         .lines()
         .find_map(|l| l.strip_prefix("warning: "))
         .unwrap_or_else(|| panic!("offline gave no warning: {offline:?}"))
         .to_owned();
-    let (_, stderr) = c
-        .create_pod(TENANT, &p)
-        .unwrap_or_else(|e| panic!("refused: {e}"));
+    let (created, stdout, stderr) = kubectl_create(c, &p);
+    println!(
+        "kai.missingBasis=warn (opt-out), gpu-fraction pod without a basis: kubectl create: exit {}, stdout {stdout:?}, stderr {stderr:?}",
+        if created { 0 } else { 1 }
+    );
+    assert!(created, "refused with the opt-out: {stderr}");
     assert!(
         stderr.contains(&format!("Warning: {warning}")),
         "kubectl printed {stderr:?}, offline warned {warning:?}"
+    );
+    assert!(
+        warning.contains("GPU memory cap skipped (kai.missingBasis is warn)"),
+        "{warning}"
+    );
+    let stored = c.get("pod", Some(TENANT), "no-basis");
+    let file = stored["metadata"]["annotations"]["limits.hami.io/cuda"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no limits file: {}", stored["metadata"]));
+    assert_eq!(
+        file,
+        "HAMI_LIMITS_FORMAT=1\nHAMI_UNCAPPED=no-matching-node\n"
+    );
+    assert!(
+        !env_of(&stored, 0).contains_key("CUDA_DEVICE_MEMORY_LIMIT"),
+        "{}",
+        all_text(&stored)
+    );
+    let (code, report) = hami_limits_check(file);
+    println!(
+        "kai.missingBasis=warn: hami-limits check of its /overrideEnv: exit {code:?}: {report:?}"
+    );
+    assert_eq!(code, Some(1));
+    assert!(
+        report.starts_with("line 2: warning: HAMI_UNCAPPED=\"no-matching-node\": this container runs without a GPU memory cap"),
+        "{report}"
+    );
+    assert_eq!(metric(c, skipped), Some(1));
+
+    // Back to the chart's default for the cases after this one.
+    let release = c.helm("upgrade", Some(&operator_values(true, "Fail").to_string()));
+    c.run_hooks(&release, "pre-upgrade");
+    c.run_hooks(&release, "post-upgrade");
+    c.start_webhook();
+    let mut again = p.clone();
+    again["metadata"]["name"] = json!("no-basis-again");
+    assert!(
+        !kubectl_create(c, &again).0,
+        "the default did not come back"
     );
 }
 
@@ -1944,7 +2095,10 @@ const CASES: &[Case<Cluster>] = &[
         "denials as kubectl prints them",
         denials_as_kubectl_prints_them,
     ),
-    ("warnings reach the client", warnings_reach_the_client),
+    (
+        "a gpu-fraction pod without a basis: denied by default, the warn opt-out's warning reaches the client",
+        missing_basis_denied_by_default_and_the_opt_out_warns,
+    ),
     (
         "UPDATE of a limits.hami.io key is denied",
         update_of_limits_key_denied,
