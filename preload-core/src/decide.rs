@@ -112,6 +112,12 @@ impl Limits {
         self.global_memory
     }
 
+    /// The `HAMI_NODE_GPUS` entry, if any (the library NUL-terminates its value in place).
+    #[must_use]
+    pub fn node_gpus_entry(&self) -> Option<Entry> {
+        self.node_gpus
+    }
+
     /// `None` without `HAMI_GPU_FRACTION`; else the fraction's digits and the node GPU file's
     /// path, or why no per-node cap can be computed from the file alone.
     ///
@@ -313,7 +319,8 @@ pub enum PerNode {
 /// Memory in MiB of each GPU minor number a valid node GPU file lists (0: not listed).
 #[derive(Debug, Clone)]
 pub struct NodeTable {
-    mib: [u64; MAX_GPU_MINOR as usize + 1],
+    /// At most [`NODE_GPU_MAX_MIB`] (2^24), so `u32` holds it.
+    mib: [u32; MAX_GPU_MINOR as usize + 1],
 }
 
 impl NodeTable {
@@ -322,7 +329,7 @@ impl NodeTable {
     pub fn mib(&self, minor: u32) -> Option<u64> {
         self.mib
             .get(usize::try_from(minor).ok()?)
-            .copied()
+            .map(|m| u64::from(*m))
             .filter(|m| *m > 0)
     }
 }
@@ -440,6 +447,7 @@ pub fn parse_node_gpus(bytes: &[u8]) -> Result<NodeTable, Kept> {
         if let Some(v) = span.get(bytes) {
             let m = strict_decimal(v)
                 .filter(|m| *m <= NODE_GPU_MAX_MIB)
+                .and_then(|m| u32::try_from(m).ok())
                 .ok_or(Kept::NodeFileInvalid)?;
             if let Some(slot) = out.mib.get_mut(i) {
                 *slot = m;

@@ -33,13 +33,12 @@ use core::cell::UnsafeCell;
 use core::ffi::{c_char, c_int, c_void};
 
 use hami_preload_core::decide::{
-    Kept, Limits, MibText, PerNode, Untouched, VisibleGpus, cap_on_node, parse_node_gpus,
-    read_limits,
+    FractionRequest, Kept, Limits, MAX_EXPORTED, MibText, PerNode, Untouched, VisibleGpus,
+    cap_on_node, parse_node_gpus, read_limits,
 };
 use hami_preload_core::keys::is_contract_variable;
 use hami_preload_core::names::{
-    ENV_CUDA_DEVICE_MEMORY_LIMIT, NODE_GPUS_MAX_PATH_BYTES, NODE_GPUS_READ_LIMIT_BYTES,
-    READ_LIMIT_BYTES,
+    ENV_CUDA_DEVICE_MEMORY_LIMIT, NODE_GPUS_READ_LIMIT_BYTES, READ_LIMIT_BYTES,
 };
 
 /// The constructor, placed in `.init_array`: the dynamic loader calls it after relocating the
@@ -117,10 +116,19 @@ fn run() {
         Ok(n) => {
             let truncated = n > READ_LIMIT_BYTES;
             let contents = buf.get(..n.min(READ_LIMIT_BYTES)).unwrap_or_default();
-            read_limits(contents, truncated).map(|limits| {
-                let per_node = per_node(&limits, contents);
-                (limits, per_node)
-            })
+            match read_limits(contents, truncated) {
+                Ok(limits) => {
+                    // The node GPU file's path is opened where it lies: its line end becomes a
+                    // NUL (the key is never exported, and no other entry includes that byte).
+                    if let Some(end) = limits.node_gpus_entry().and_then(|e| buf.get_mut(e.end)) {
+                        *end = 0;
+                    }
+                    let contents = buf.get(..n.min(READ_LIMIT_BYTES)).unwrap_or_default();
+                    let per_node = per_node(&limits, contents);
+                    Ok((limits, per_node))
+                }
+                Err(why) => Err(why),
+            }
         }
         Err(e) => Err(match e {
             ReadError::Missing => Untouched::Missing,
@@ -139,69 +147,145 @@ fn run() {
 
 /// The per-node step for a file with `HAMI_GPU_FRACTION`: the node GPU file, then `/dev`.
 fn per_node(limits: &Limits, contents: &[u8]) -> Option<PerNode> {
-    let request = match limits.fraction_request(contents)? {
-        Ok(r) => r,
-        Err(why) => return Some(PerNode::Kept(why)),
-    };
-    let mut path = [0u8; NODE_GPUS_MAX_PATH_BYTES + 1];
-    if let Some(dst) = path.get_mut(..request.node_gpus_path.len()) {
-        dst.copy_from_slice(request.node_gpus_path);
-    }
-    let mut node = [0u8; NODE_GPUS_READ_LIMIT_BYTES + 1];
-    let n = match read_file(&path, &mut node) {
-        Ok(n) => n,
-        Err(e) => {
-            return Some(PerNode::Kept(match e {
-                ReadError::Missing => Kept::NodeFileMissing,
-                ReadError::NotRegular => Kept::NodeFileNotRegular,
-                ReadError::Unreadable => Kept::NodeFileUnreadable,
-            }));
-        }
-    };
-    let table = match parse_node_gpus(node.get(..n).unwrap_or_default()) {
-        Ok(t) => t,
-        Err(why) => return Some(PerNode::Kept(why)),
-    };
-    Some(match scan_dev() {
-        Ok(visible) => cap_on_node(request.digits, &table, &visible),
+    Some(match limits.fraction_request(contents)? {
+        Ok(request) => per_node_on(&request),
         Err(why) => PerNode::Kept(why),
     })
 }
 
+/// Never inlined: its buffers (about 14 KiB of stack, which the compiler probes page by page)
+/// are then only touched by the processes of a `gpu-fraction` container, not by every exec.
+#[inline(never)]
+fn per_node_on(request: &FractionRequest<'_>) -> PerNode {
+    // `run` NUL-terminated the path in the file's buffer, right after the slice; a path of at
+    // most 4095 bytes, absolute (`fraction_request` checked both).
+    let mut node = [0u8; NODE_GPUS_READ_LIMIT_BYTES + 1];
+    let n = match read_file_at(request.node_gpus_path.as_ptr(), &mut node) {
+        Ok(n) => n,
+        Err(e) => {
+            return PerNode::Kept(match e {
+                ReadError::Missing => Kept::NodeFileMissing,
+                ReadError::NotRegular => Kept::NodeFileNotRegular,
+                ReadError::Unreadable => Kept::NodeFileUnreadable,
+            });
+        }
+    };
+    let table = match parse_node_gpus(node.get(..n).unwrap_or_default()) {
+        Ok(t) => t,
+        Err(why) => return PerNode::Kept(why),
+    };
+    match scan_dev() {
+        Ok(visible) => cap_on_node(request.digits, &table, &visible),
+        Err(why) => PerNode::Kept(why),
+    }
+}
+
+/// How many variables the environment built in [`ENVP`] may hold; a larger environment takes the
+/// slower path (`putenv`, which allocates).
+const ENVP_SLOTS: usize = 1024;
+
+/// The new environment array: the inherited variables less the contract's, then the file's
+/// entries, then NULL. `environ` is pointed here, so no allocation is made before `main` (glibc's
+/// `setenv` later copies an array it did not allocate, and never frees it).
+static ENVP: StaticPtrs = StaticPtrs(UnsafeCell::new([core::ptr::null_mut(); ENVP_SLOTS]));
+
+/// An array of pointers in `.bss`, written only by the constructor.
+struct StaticPtrs(UnsafeCell<[*mut c_char; ENVP_SLOTS]>);
+
+// SAFETY: as for `Static`: written once by the constructor, single-threaded, before `main`.
+unsafe impl Sync for StaticPtrs {}
+
 /// Remove every inherited contract variable, then export the file's entries. Returns how many
 /// variables were removed.
 fn apply(buf: &mut [u8], limits: &Limits, per_node: Option<PerNode>) -> usize {
-    let removed = remove_contract_variables();
+    // The NUL-terminated `KEY=VALUE` lines to export, in the buffers that outlive the process.
+    let mut lines: [*mut c_char; MAX_EXPORTED] = [core::ptr::null_mut(); MAX_EXPORTED];
+    let mut count = 0;
     for (i, e) in limits.entries().iter().enumerate() {
-        if let Some(PerNode::Applied { mib, .. }) = per_node
+        let line = if let Some(PerNode::Applied { mib, .. }) = per_node
             && limits.global_memory() == Some(i)
         {
-            // SAFETY: single-threaded before `main` (see `Static`); the only reference made.
-            let line = unsafe { &mut *PER_NODE.0.get() };
-            let value = MibText::new(mib);
-            let name = ENV_CUDA_DEVICE_MEMORY_LIMIT.as_bytes();
-            let at = name.len() + 1;
-            let end = at + value.as_bytes().len();
-            // `line` is zeroed and 64 bytes long: the text (at most 46 bytes) stays NUL-terminated.
-            if copy_into(line, 0, name)
-                && copy_into(line, name.len(), b"=")
-                && copy_into(line, at, value.as_bytes())
-                && end < line.len()
-            {
-                put(line.as_mut_ptr());
+            per_node_line(mib)
+        } else {
+            // The value ends at a newline, a CR or the end of the data: within the buffer, which
+            // is one byte longer than anything read as an entry.
+            match (
+                buf.get_mut(e.end).map(|end| *end = 0),
+                buf.get_mut(e.start..),
+            ) {
+                (Some(()), Some(line)) => Some(line.as_mut_ptr().cast::<c_char>()),
+                _ => None,
             }
-            continue;
+        };
+        if let (Some(line), Some(slot)) = (line, lines.get_mut(count)) {
+            *slot = line;
+            count += 1;
         }
-        // The value ends at a newline, a CR or the end of the data: within the buffer, which is
-        // one byte longer than anything read as an entry.
-        if let Some(end) = buf.get_mut(e.end) {
-            *end = 0;
-            if let Some(line) = buf.get_mut(e.start..) {
-                put(line.as_mut_ptr());
+    }
+    let lines = lines.get(..count).unwrap_or_default();
+    if let Some(removed) = replace_environment(lines) {
+        return removed;
+    }
+    let removed = remove_contract_variables();
+    for &line in lines {
+        put(line);
+    }
+    removed
+}
+
+/// `CUDA_DEVICE_MEMORY_LIMIT=<mib>m`, NUL-terminated, in [`PER_NODE`].
+fn per_node_line(mib: u64) -> Option<*mut c_char> {
+    // SAFETY: single-threaded before `main` (see `Static`); the only reference made.
+    let line = unsafe { &mut *PER_NODE.0.get() };
+    let value = MibText::new(mib);
+    let name = ENV_CUDA_DEVICE_MEMORY_LIMIT.as_bytes();
+    let at = name.len() + 1;
+    let end = at + value.as_bytes().len();
+    // `line` is zeroed and 64 bytes long: the text (at most 46 bytes) stays NUL-terminated.
+    (copy_into(line, 0, name)
+        && copy_into(line, name.len(), b"=")
+        && copy_into(line, at, value.as_bytes())
+        && end < line.len())
+    .then_some(line.as_mut_ptr().cast::<c_char>())
+}
+
+/// Build the new environment in [`ENVP`] and point `environ` at it: the inherited entries that
+/// are not contract variables, then `lines`. `None` (nothing changed) when it does not fit.
+fn replace_environment(lines: &[*mut c_char]) -> Option<usize> {
+    // SAFETY: single-threaded before `main` (see `StaticPtrs`); the only reference made.
+    let envp = unsafe { &mut *ENVP.0.get() };
+    let mut n = 0;
+    let mut removed = 0;
+    // SAFETY: single-threaded before `main`; `environ` is NULL or a NULL-terminated array of
+    // NUL-terminated strings, only read here.
+    unsafe {
+        let mut src = environ;
+        if !src.is_null() {
+            while !(*src).is_null() {
+                let entry = *src;
+                if is_contract_entry(entry) {
+                    removed += 1;
+                } else {
+                    *envp.get_mut(n)? = entry;
+                    n += 1;
+                }
+                src = src.add(1);
             }
         }
     }
-    removed
+    for &line in lines {
+        *envp.get_mut(n)? = line;
+        n += 1;
+    }
+    *envp.get_mut(n)? = core::ptr::null_mut();
+    // SAFETY: single-threaded before `main`: nothing reads `environ` concurrently. The array is
+    // NULL-terminated, its strings live as long as the process (the inherited ones where the
+    // kernel or an earlier `setenv` put them, ours in the `Static` buffers), and it stays valid
+    // for glibc to read, to compact (`unsetenv`) and to copy (`setenv`).
+    unsafe {
+        environ = envp.as_mut_ptr();
+    }
+    Some(removed)
 }
 
 /// Copy `src` into `dst` at `at`; false (and nothing copied) when it does not fit.
@@ -216,12 +300,12 @@ fn copy_into(dst: &mut [u8], at: usize, src: &[u8]) -> bool {
 }
 
 /// `putenv` a NUL-terminated `KEY=VALUE` that lives as long as the process.
-fn put(line: *mut u8) {
+fn put(line: *mut c_char) {
     // SAFETY: `line` points into one of the `Static` buffers, which live as long as the process
     // and are never written again; it is NUL-terminated and holds a `=` (the caller built it).
     // Single-threaded before `main`: no other thread reads the environment.
     unsafe {
-        libc::putenv(line.cast::<c_char>());
+        libc::putenv(line);
     }
 }
 
@@ -311,11 +395,16 @@ enum ReadError {
 /// Opened non-blocking (a FIFO never blocks the process) and checked to be a regular file before
 /// anything is read.
 fn read_file(path: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
-    // SAFETY: `path` is NUL-terminated (the callers' constants, or a copy into a zeroed buffer one
-    // byte longer than the longest path accepted).
+    read_file_at(path.as_ptr(), buf)
+}
+
+/// [`read_file`] of a path given by its first byte; the path must be NUL-terminated.
+fn read_file_at(path: *const u8, buf: &mut [u8]) -> Result<usize, ReadError> {
+    // SAFETY: `path` is NUL-terminated: a constant of this file, or the `HAMI_NODE_GPUS` value in
+    // the file's buffer, whose line end `run` overwrote with a NUL.
     let fd = unsafe {
         libc::open(
-            path.as_ptr().cast::<c_char>(),
+            path.cast::<c_char>(),
             libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
         )
     };
@@ -333,11 +422,11 @@ fn read_file(path: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
 }
 
 fn read_regular(fd: c_int, buf: &mut [u8]) -> Result<usize, ReadError> {
-    match fd_stat(fd, b"\0", libc::AT_EMPTY_PATH) {
-        Some((mode, _)) if mode & libc::S_IFMT == libc::S_IFREG => {}
+    let size = match fd_stat(fd, b"\0", libc::AT_EMPTY_PATH) {
+        Some(st) if st.mode & libc::S_IFMT == libc::S_IFREG => st.size,
         Some(_) => return Err(ReadError::NotRegular),
         None => return Err(ReadError::Unreadable),
-    }
+    };
     let mut n = 0;
     while let Some(rest) = buf.get_mut(n..) {
         if rest.is_empty() {
@@ -347,7 +436,15 @@ fn read_regular(fd: c_int, buf: &mut [u8]) -> Result<usize, ReadError> {
         let got = unsafe { libc::read(fd, rest.as_mut_ptr().cast::<c_void>(), rest.len()) };
         match got {
             0 => break,
-            g if g > 0 => n += g.unsigned_abs(),
+            // Once the file's size is read, the next read would return 0: saved (the published
+            // files are replaced by rename, never written in place). A size of 0 (a procfs-like
+            // file) reads on until the end.
+            g if g > 0 => {
+                n += g.unsigned_abs();
+                if size > 0 && n as u64 >= size {
+                    break;
+                }
+            }
             _ if errno() == libc::EINTR => {}
             _ => return Err(ReadError::Unreadable),
         }
@@ -355,9 +452,16 @@ fn read_regular(fd: c_int, buf: &mut [u8]) -> Result<usize, ReadError> {
     Ok(n)
 }
 
+/// What [`fd_stat`] returns.
+struct Stat {
+    mode: u32,
+    rdev: u64,
+    size: u64,
+}
+
 /// `fstatat(dirfd, name, flags)` as the raw system call (no glibc stat wrapper, whose symbols
-/// changed in 2.33): `(st_mode, st_rdev)`.
-fn fd_stat(dirfd: c_int, name: &[u8], flags: c_int) -> Option<(u32, u64)> {
+/// changed in 2.33).
+fn fd_stat(dirfd: c_int, name: &[u8], flags: c_int) -> Option<Stat> {
     // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
     let mut st: libc::stat = unsafe { core::mem::zeroed() };
     // SAFETY: `name` is NUL-terminated and `st` is a writable `struct stat`, the layout the
@@ -371,7 +475,11 @@ fn fd_stat(dirfd: c_int, name: &[u8], flags: c_int) -> Option<(u32, u64)> {
             flags,
         )
     };
-    (r == 0).then_some((st.st_mode, st.st_rdev))
+    (r == 0).then_some(Stat {
+        mode: st.st_mode,
+        rdev: st.st_rdev,
+        size: u64::try_from(st.st_size).unwrap_or(0),
+    })
 }
 
 /// The `/dev/nvidia<N>` devices of the container, from `getdents64` on `/dev` and a `stat` of
@@ -393,13 +501,14 @@ fn scan_dev() -> Result<VisibleGpus, Kept> {
     result
 }
 
-/// `struct linux_dirent64` buffer, 8-byte aligned as the kernel writes it.
+/// `struct linux_dirent64` buffer, 8-byte aligned as the kernel writes it. A container's `/dev`
+/// (about 20 entries of 24 to 40 bytes) fits in one call; a larger one takes several.
 #[repr(C, align(8))]
-struct Dirents([u8; 4096]);
+struct Dirents([u8; 1024]);
 
 fn scan_entries(fd: c_int) -> Result<VisibleGpus, Kept> {
     let mut visible = VisibleGpus::new();
-    let mut d = Dirents([0; 4096]);
+    let mut d = Dirents([0; 1024]);
     loop {
         // SAFETY: the buffer is writable for its length; the kernel writes whole records.
         let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, d.0.as_mut_ptr(), d.0.len()) };
@@ -431,7 +540,7 @@ fn scan_entries(fd: c_int) -> Result<VisibleGpus, Kept> {
                 && hami_preload_core::decide::gpu_device_name(name).is_some()
             {
                 let with_nul = record.get(..=name_len).unwrap_or_default();
-                visible.observe(name, fd_stat(fd, with_nul, 0));
+                visible.observe(name, fd_stat(fd, with_nul, 0).map(|st| (st.mode, st.rdev)));
             }
             off += reclen;
         }
