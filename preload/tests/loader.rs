@@ -647,3 +647,40 @@ fn the_per_node_step_says_what_it_did_when_asked() {
         "{out:#?}"
     );
 }
+
+#[test]
+fn the_environment_stays_a_normal_one() {
+    let root = Root::new(Override::File(HAMI_FILE.as_bytes()), Via::LdSoPreload);
+    // setenv and unsetenv over the array the library built.
+    let out = root.run(
+        None,
+        &["FOO=bar", "CUDA_DEVICE_MEMORY_LIMIT_0=16g"],
+        &[
+            "/probe",
+            "--set",
+            "NEW=1",
+            "--set",
+            "FOO=baz",
+            "--unset",
+            "CUDA_DEVICE_SM_LIMIT",
+        ],
+    );
+    let mut want: Vec<&str> = HAMI_ENV
+        .iter()
+        .copied()
+        .filter(|v| !v.starts_with("CUDA_DEVICE_SM_LIMIT="))
+        .collect();
+    want.extend(["FOO=baz", "NEW=1"]);
+    assert_env(out.ok(), &want);
+    // More variables than the library's own array holds (1,024): the slower path, same result.
+    let many: Vec<String> = (0..1500).map(|i| format!("V{i}=x")).collect();
+    let mut vars: Vec<&str> = many.iter().map(String::as_str).collect();
+    vars.extend(SPOOF);
+    let out = root.run(None, &vars, &["/probe"]);
+    let env = out.ok().env();
+    assert_eq!(env.len(), 1500 + HAMI_ENV.len(), "{}", env.len());
+    for v in HAMI_ENV {
+        assert!(env.contains(v), "{v}");
+    }
+    assert!(!env.iter().any(|e| e.starts_with("CUDA_TASK_PRIORITY")));
+}

@@ -2,7 +2,7 @@
 //! as seen from the main thread, then whether worker threads see the same; optionally execs a
 //! program afterwards.
 //!
-//! `hami-preload-probe [--threads N] [--exit CODE] [--exec PROGRAM ARGS...]`
+//! `hami-preload-probe [--set K=V] [--unset K] [--threads N] [--exit CODE] [--exec PROGRAM ARGS...]`
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -25,6 +25,26 @@ fn main() {
             "--threads" => threads = args.next().and_then(|n| n.parse().ok()).unwrap_or(4),
             "--exit" => exit = args.next().and_then(|n| n.parse().ok()).unwrap_or(0),
             "--exec" => exec = args.by_ref().collect(),
+            // setenv/unsetenv over the environment the library built (glibc copies or compacts
+            // an array it did not allocate).
+            "--set" => {
+                if let Some((k, v)) = args.next().as_deref().and_then(|kv| kv.split_once('=')) {
+                    // SAFETY: single-threaded here: no thread has been started yet.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        std::env::set_var(k, v)
+                    };
+                }
+            }
+            "--unset" => {
+                if let Some(k) = args.next() {
+                    // SAFETY: as above.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        std::env::remove_var(k)
+                    };
+                }
+            }
             other => {
                 eprintln!("hami-preload-probe: unknown argument {other:?}");
                 std::process::exit(64);
