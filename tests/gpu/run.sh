@@ -15,8 +15,11 @@
 #   --hook DIR           scratch hook path (default: a new temporary folder); never /usr/local
 #   --report FILE        also write the result table (Markdown) there
 #   HAMI_LIMITS_REV=...  the hami-limits revision to name in the report (default: git HEAD)
+#   HAMI_PRELOAD_BEFORE=F  an older libhami_preload.so for the per-exec cost table (optional)
+#   BENCH_RUNS, BENCH_N  rounds and execs per round of the per-exec cost (default 5 and 2000)
 #
-# Needs root, nvidia-smi, nvcc (for the probe), cmake (for --hami-core-src), unshare and mount.
+# Needs root, nvidia-smi, nvcc (for the probe), cc, cmake (for --hami-core-src), unshare, mount,
+# mknod and python3.
 # Nothing global is left changed: every case runs in a private mount namespace where the files are
 # bind-mounted; empty mount points /overrideEnv and /etc/ld.so.preload are created only when absent
 # and removed at the end, and so is a loader-cache entry for the driver's folder when one is needed.
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
     --hami-core-lib) hami_lib=$2; shift 2;;
     --hook) hook=$2; shift 2;;
     --report) report=$2; shift 2;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 64;;
   esac
 done
@@ -109,8 +112,9 @@ echo "== limits files"
 hami_file=$(find "$vgpu/containers" -name '*.limits' | head -n 1)
 [ -n "$hami_file" ] || die "plan --write published no limits file"
 vram=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
-kai_file() { # pod file -> the limits file the webhook projects at /overrideEnv
-  "$bin/hami-webhook" mutate -f "$1" --per-gpu-vram-mib "$vram" --patch > "$work/patch.json"
+kai_file() { # pod file [basis MiB] -> the limits file the webhook projects at /overrideEnv
+  # kai.hookPath is the scratch hook's vgpu folder, where install-hook published node-gpus.
+  HAMI_KAI__HOOKPATH="$vgpu" "$bin/hami-webhook" mutate -f "$1" --per-gpu-vram-mib "${2:-$vram}" --patch > "$work/patch.json"
   python3 - "$work/patch.json" <<'PY'
 import json, sys
 ops = json.load(open(sys.argv[1]))
@@ -136,9 +140,23 @@ PY
 }
 kai_file "$repo/examples/kai-gpu-memory-pod.yaml" > "$work/kai-memory.limits"
 kai_file "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-fraction.limits"
+# The per-node cap: a gpu-fraction 0.5 pod admitted in a cluster whose smallest card has 80 GiB
+# (81,920 MiB: the admission-time cap is 40,960 MiB), running on this node, whose GPU install-hook
+# described from NVML in node-gpus. The preload library then caps it at half of *this* card.
+sed 's/gpu-fraction: "0.021"/gpu-fraction: "0.5"/' "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-half-pod.yaml"
+kai_file "$work/kai-half-pod.yaml" 81920 > "$work/kai-half.limits"
+grep -q '^HAMI_GPU_FRACTION=0.5$' "$work/kai-half.limits" || die "the webhook wrote no HAMI_GPU_FRACTION for the 0.5 pod"
+[ -f "$vgpu/node-gpus" ] || die "install-hook published no $vgpu/node-gpus (NVML)"
+echo "-- $vgpu/node-gpus:"; cat "$vgpu/node-gpus"
+node_mib=$(sed -n 's/^NVIDIA0_MIB=//p' "$vgpu/node-gpus")
+smi_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
+[ "$node_mib" = "$smi_mib" ] || die "node-gpus says $node_mib MiB for minor 0, nvidia-smi $smi_mib MiB"
+half=$((node_mib / 2))
+# The same file with the node file out of reach: the admission-time cap stands.
+sed "s|^HAMI_NODE_GPUS=.*|HAMI_NODE_GPUS=$work/no-such-node-gpus|" "$work/kai-half.limits" > "$work/kai-half-no-node.limits"
 { echo "this first line has no equals sign"; cat "$work/kai-memory.limits"; } > "$work/hand-edited.limits"
 : > "$work/empty.limits"
-for f in "$hami_file" "$work/kai-memory.limits" "$work/kai-fraction.limits" "$work/hand-edited.limits"; do
+for f in "$hami_file" "$work/kai-memory.limits" "$work/kai-fraction.limits" "$work/kai-half.limits" "$work/hand-edited.limits"; do
   echo "-- $f:"; cat "$f"
 done
 
@@ -215,6 +233,10 @@ for api in runtime driver; do
   run_case "KAI gpu-memory file, spoofed indexed variable" "$work/kai-memory.limits" "$full" ld.so.preload refused $api 4096 CUDA_DEVICE_MEMORY_LIMIT_0=16g
   run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload refused $api 4096
   run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload granted $api 2048
+  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time 40960)" "$work/kai-half.limits" "$full" ld.so.preload granted $api 60000
+  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time 40960)" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000))
+  run_case "KAI gpu-fraction 0.5, per-node cap, spoofed variables" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000)) CUDA_DEVICE_MEMORY_LIMIT=140g NVIDIA_VISIBLE_DEVICES=all
+  run_case "KAI gpu-fraction 0.5, node file out of reach: admission-time cap" "$work/kai-half-no-node.limits" "$full" ld.so.preload refused $api 60000
   run_case "first line without =, hand-edited" "$work/hand-edited.limits" "$full" ld.so.preload refused $api 4096
   run_case "HAMi file" "$hami_file" "$full" LD_PRELOAD refused $api 4096
   run_case "HAMi file" "$hami_file" "$full" LD_PRELOAD granted $api 2048
@@ -236,6 +258,12 @@ with_files "$hami_file" "$full" env -i "$smi_bin" --query-gpu=memory.used,memory
 smi=$(grep MiB "$work/case.out" | tail -n 1)
 rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
 
+# --- per-exec cost: a plain exec, an empty library, ours, libvgpu.so alone, both --------------
+echo "== per-exec cost (bench/preload/run.sh)"
+LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
+  LIB_BEFORE="${HAMI_PRELOAD_BEFORE:-}" RUNS="${BENCH_RUNS:-5}" N="${BENCH_N:-2000}" \
+  "$repo/bench/preload/run.sh" >/dev/null || die "bench/preload/run.sh failed"
+
 {
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified, Debug); hami-limits ${HAMI_LIMITS_REV:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo
@@ -247,6 +275,10 @@ rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
   echo
   echo "Largest single cudaMalloc under the HAMi file's 3000 MiB cap: $largest MiB (HAMi-core counts the CUDA context against the cap)."
   echo "nvidia-smi under the same file (memory.used, memory.total): $smi."
+  echo
+  echo "The per-node cap: install-hook wrote \`NVIDIA0_MIB=$node_mib\` into node-gpus from NVML (nvidia-smi: $smi_mib MiB); a 0.5 pod admitted against an 81,920 MiB card (40,960 MiB) is capped at floor(0.5 x $node_mib) = $half MiB on this H200, from an empty environment."
+  echo
+  sed 's/^# /### /' "$work/preload-bench.md"
 } > "$work/report.md"
 echo; cat "$work/report.md"
 [ -z "$report" ] || cp "$work/report.md" "$report"
