@@ -54,7 +54,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY shared/Cargo.toml shared/
 COPY ops/Cargo.toml ops/
 COPY inspect/Cargo.toml inspect/
-COPY preload/Cargo.toml preload/
+COPY preload/Cargo.toml preload/build.rs preload/
 COPY preload-core/Cargo.toml preload-core/
 COPY webhook/Cargo.toml webhook/
 COPY device-plugin/Cargo.toml device-plugin/build.rs device-plugin/
