@@ -262,7 +262,8 @@ rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
 echo "== per-exec cost (bench/preload/run.sh)"
 LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   LIB_BEFORE="${HAMI_PRELOAD_BEFORE:-}" RUNS="${BENCH_RUNS:-5}" N="${BENCH_N:-2000}" \
-  "$repo/bench/preload/run.sh" >/dev/null || die "bench/preload/run.sh failed"
+  "$repo/bench/preload/run.sh" > "$work/preload-bench.log" 2>&1 \
+  || { tail -n 20 "$work/preload-bench.log" >&2; echo "(bench/preload/run.sh failed: see above)" > "$work/preload-bench.md"; failures=$((failures + 1)); }
 
 {
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified, Debug); hami-limits ${HAMI_LIMITS_REV:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
