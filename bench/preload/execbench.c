@@ -3,10 +3,11 @@
  *
  *   execbench N ROUNDS PROGRAM VARIANT...
  *
- * A VARIANT is an LD_PRELOAD value (several libraries separated by spaces), or "-" for none. In
+ * A VARIANT is an LD_PRELOAD value (several libraries separated by spaces), or "-" for none,
+ * optionally followed by "|NAME=VALUE" pieces: more variables for that variant's environment. In
  * each round the variants take turns exec by exec (A B C A B C ...), so that drift hits them all
  * alike; each exec is posix_spawn + waitpid of PROGRAM with an environment holding only
- * LD_PRELOAD, timed with CLOCK_MONOTONIC. 100 untimed warm-up execs per variant come first.
+ * LD_PRELOAD (and the variant's variables), timed with CLOCK_MONOTONIC. 100 untimed warm-up execs per variant come first.
  * Output, one line per round and variant: "round R variant V median_ns M", V counting from 0.
  * Exit status 1 when an exec fails or exits non-zero. */
 #define _GNU_SOURCE
@@ -53,15 +54,23 @@ int main(int argc, char **argv) {
   long long **times = calloc(variants, sizeof *times);
   if (!envs || !times) return 2;
   for (int v = 0; v < variants; v++) {
-    envs[v] = calloc(2, sizeof(char *));
+    char *spec = strdup(argv[4 + v]);
+    size_t pieces = 2;
+    for (const char *c = spec; c && *c; c++) pieces += *c == '|';
+    envs[v] = calloc(pieces, sizeof(char *));
     times[v] = calloc(n, sizeof(long long));
-    if (!envs[v] || !times[v]) return 2;
-    if (strcmp(argv[4 + v], "-") != 0) {
-      size_t len = strlen("LD_PRELOAD=") + strlen(argv[4 + v]) + 1;
-      envs[v][0] = malloc(len);
-      if (!envs[v][0]) return 2;
-      snprintf(envs[v][0], len, "LD_PRELOAD=%s", argv[4 + v]);
+    if (!spec || !envs[v] || !times[v]) return 2;
+    size_t k = 0;
+    char *rest = spec;
+    char *preload = strsep(&rest, "|");
+    if (strcmp(preload, "-") != 0) {
+      size_t len = strlen("LD_PRELOAD=") + strlen(preload) + 1;
+      envs[v][k] = malloc(len);
+      if (!envs[v][k]) return 2;
+      snprintf(envs[v][k++], len, "LD_PRELOAD=%s", preload);
     }
+    for (char *var; (var = strsep(&rest, "|")) != NULL;)
+      if (*var) envs[v][k++] = var;
   }
   for (int w = 0; w < 100; w++)
     for (int v = 0; v < variants; v++)

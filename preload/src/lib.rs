@@ -123,8 +123,11 @@ fn run() {
                     if let Some(end) = limits.node_gpus_entry().and_then(|e| buf.get_mut(e.end)) {
                         *end = 0;
                     }
-                    let contents = buf.get(..n.min(READ_LIMIT_BYTES)).unwrap_or_default();
-                    let per_node = per_node(&limits, contents);
+                    // The bytes after the file's (and its NUL) are free: the node GPU file is
+                    // read there when it fits, in the page the limits file already touched.
+                    let (contents, spare) = buf.split_at_mut((n + 1).min(READ_LIMIT_BYTES + 1));
+                    let contents = contents.get(..n.min(READ_LIMIT_BYTES)).unwrap_or_default();
+                    let per_node = per_node(&limits, contents, spare);
                     Ok((limits, per_node))
                 }
                 Err(why) => Err(why),
@@ -146,21 +149,32 @@ fn run() {
 }
 
 /// The per-node step for a file with `HAMI_GPU_FRACTION`: the node GPU file, then `/dev`.
-fn per_node(limits: &Limits, contents: &[u8]) -> Option<PerNode> {
+fn per_node(limits: &Limits, contents: &[u8], spare: &mut [u8]) -> Option<PerNode> {
     Some(match limits.fraction_request(contents)? {
-        Ok(request) => per_node_on(&request),
+        Ok(request) => match spare.get_mut(..NODE_GPUS_READ_LIMIT_BYTES + 1) {
+            Some(node) => per_node_on(&request, node),
+            None => per_node_on_stack(&request),
+        },
         Err(why) => PerNode::Kept(why),
     })
 }
 
-/// Never inlined: its buffers (about 14 KiB of stack, which the compiler probes page by page)
-/// are then only touched by the processes of a `gpu-fraction` container, not by every exec.
+/// [`per_node_on`] with the node GPU file read into a stack buffer (a limits file of more than
+/// 4 KiB leaves too little room after it).
 #[inline(never)]
-fn per_node_on(request: &FractionRequest<'_>) -> PerNode {
+fn per_node_on_stack(request: &FractionRequest<'_>) -> PerNode {
+    let mut node = [0u8; NODE_GPUS_READ_LIMIT_BYTES + 1];
+    per_node_on(request, &mut node)
+}
+
+/// The node GPU file into `node` (one byte more than the bound), then `/dev`. Never inlined: its
+/// buffers (a few KiB of stack, which the compiler probes page by page) are then only touched by
+/// the processes of a `gpu-fraction` container, not by every exec.
+#[inline(never)]
+fn per_node_on(request: &FractionRequest<'_>, node: &mut [u8]) -> PerNode {
     // `run` NUL-terminated the path in the file's buffer, right after the slice; a path of at
     // most 4095 bytes, absolute (`fraction_request` checked both).
-    let mut node = [0u8; NODE_GPUS_READ_LIMIT_BYTES + 1];
-    let n = match read_file_at(request.node_gpus_path.as_ptr(), &mut node) {
+    let n = match read_file_at(request.node_gpus_path.as_ptr(), node) {
         Ok(n) => n,
         Err(e) => {
             return PerNode::Kept(match e {

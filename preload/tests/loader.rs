@@ -684,3 +684,24 @@ fn the_environment_stays_a_normal_one() {
     }
     assert!(!env.iter().any(|e| e.starts_with("CUDA_TASK_PRIORITY")));
 }
+
+#[test]
+fn a_fraction_with_a_limits_file_of_more_than_4_kib() {
+    // The node GPU file is read after the limits file's bytes when they leave room, else into a
+    // buffer of its own: the same cap either way.
+    let padded = format!("X_PAD={}\n{KAI_FRACTION_FILE}", "p".repeat(4500));
+    for file in [KAI_FRACTION_FILE.to_owned(), padded] {
+        let root = Root::with_node(
+            &file,
+            Some(NODE_80_141.as_bytes()),
+            &[Dev::Char("nvidia3", 195, 3)],
+        );
+        let out = root.run(None, &[], &["/probe"]);
+        assert_eq!(
+            out.ok().env(),
+            vec!["CUDA_DEVICE_MEMORY_LIMIT=71885m"],
+            "{} bytes",
+            file.len()
+        );
+    }
+}

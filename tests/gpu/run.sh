@@ -209,7 +209,9 @@ run_case() {
   if [ "$via" = LD_PRELOAD ]; then extra=("LD_PRELOAD=$(paste -sd: "$list")"); list=-; fi
   rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
   with_files "$file" "$list" env -i "${extra[@]}" "${vars[@]}" "$work/probe" "$api" "$mib" > "$work/case.out" 2>&1 || true
-  local out; out=$(tail -n 1 "$work/case.out")
+  # The probe's answer line (HAMi-core may print its own messages after it, e.g. its exit cleanup).
+  local out; out=$(grep -E '^(granted|refused|error) ' "$work/case.out" | tail -n 1)
+  [ -n "$out" ] || out=$(tail -n 1 "$work/case.out")
   local got=${out%% *} total
   total=$(sed -n 's/.* total=\([0-9]*\).*/\1/p' <<<"$out")
   local verdict=ok
@@ -249,7 +251,7 @@ while [ $lo -le $hi ]; do
   mid=$(( (lo + hi) / 2 ))
   rm -f "$vgpu/usage.cache"
   with_files "$hami_file" "$full" env -i "$work/probe" runtime "$mid" > "$work/case.out" 2>&1 || true
-  r=$(tail -n 1 "$work/case.out")
+  r=$(grep -E '^(granted|refused|error) ' "$work/case.out" | tail -n 1)
   if [ "${r%% *}" = granted ]; then largest=$mid; lo=$((mid + 1)); else hi=$((mid - 1)); fi
 done
 rm -f "$vgpu/usage.cache"
