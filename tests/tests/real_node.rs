@@ -524,6 +524,36 @@ fn chart_pods_run(n: &mut Node) {
         "KAI ld.so.preload: {kai_preload}"
     );
     assert!(kai.join("libvgpu.so").is_file() && kai.join("libhami_preload.so").is_file());
+    // Both folders got the node GPU file, from the inventory the chart passed to install-hook
+    // (no NVML here), read-only for everyone else, and usable by the preload library.
+    for dir in [n.hook(), kai.clone()] {
+        let path = dir.join("node-gpus");
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let parsed = hami_shared::node_gpus::parse(text.as_bytes());
+        assert!(
+            parsed.usable(),
+            "{}: {:?}\n{text}",
+            path.display(),
+            parsed.diagnostics
+        );
+        assert_eq!(parsed.mib_for(0), Some(VRAM_MIB), "{text}");
+        assert_eq!(parsed.mib_for(1), Some(VRAM_MIB), "{text}");
+        assert_eq!(
+            parsed.uuids.get(&0).map(String::as_str),
+            Some(GPU_0),
+            "{text}"
+        );
+        assert_eq!(
+            parsed.uuids.get(&1).map(String::as_str),
+            Some(GPU_1),
+            "{text}"
+        );
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o022, 0, "{}: mode {mode:o}", path.display());
+    }
     // Both DaemonSets: the hook installer (the KAI hook folder) and the plugin are Ready.
     for ds in ["device-plugin", "hook-installer"] {
         let d = n.get("daemonset", Some(NS), &format!("{PREFIX}-{ds}"));
@@ -640,6 +670,164 @@ fn kai_gpu_fraction_pod(n: &mut Node) {
     let want = format!("{}m", VRAM_MIB / 2);
     assert_capped_inside(n, "kai-fraction", &[("CUDA_DEVICE_MEMORY_LIMIT", &want)]);
     delete_pod(n, "kai-fraction");
+}
+
+/// What the webhook would write into the `cuda` container's limits file for `pod` now (a
+/// server-side dry run: admission runs, nothing is stored).
+fn dry_run_limits(n: &Node, pod: &Value) -> String {
+    let out = n.kubectl(
+        &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+        Some(&pod.to_string()),
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    v["metadata"]["annotations"]["limits.hami.io/cuda"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Label the node's GFD memory and wait until the webhook's node watch has it (its dry-run cap of
+/// a 0.5 pod says so).
+fn set_gpu_memory_label(n: &Node, mib: u64) {
+    n.ok(
+        &[
+            "label",
+            "node",
+            NODE,
+            "--overwrite",
+            &format!("nvidia.com/gpu.memory={mib}"),
+        ],
+        None,
+    );
+    let probe = kai_pod("kai-probe", json!({"gpu-fraction": "0.5"}));
+    let want = format!("CUDA_DEVICE_MEMORY_LIMIT={}m\n", mib / 2);
+    wait_for(
+        &format!("the webhook to learn nvidia.com/gpu.memory={mib}"),
+        Duration::from_secs(30),
+        || dry_run_limits(n, &probe).contains(&want),
+    );
+}
+
+/// Puts the node back as the other cases expect it (the GFD label of its real cards, no fake
+/// device node, no pod) however the case ends.
+struct RestoreNode<'a> {
+    n: &'a Node,
+    device: PathBuf,
+    pod: &'static str,
+}
+
+impl Drop for RestoreNode<'_> {
+    fn drop(&mut self) {
+        let _ = self.n.kubectl(
+            &[
+                "delete",
+                "pod",
+                self.pod,
+                "-n",
+                TENANT,
+                "--ignore-not-found",
+                "--wait=true",
+                "--grace-period=0",
+                "--force",
+            ],
+            None,
+        );
+        let _ = std::fs::remove_file(&self.device);
+        let _ = self.n.kubectl(
+            &[
+                "label",
+                "node",
+                NODE,
+                "--overwrite",
+                &format!("nvidia.com/gpu.memory={VRAM_MIB}"),
+            ],
+            None,
+        );
+    }
+}
+
+fn kai_gpu_fraction_sized_on_the_node(n: &mut Node) {
+    // The cluster's smallest card, as the webhook sees it, is an 80 GiB one; this node's cards
+    // are the inventory's 143,771 MiB H200s. The container sees one of them: a device node
+    // 195:1 (GPU 1's minor), made on the host and mounted where the NVIDIA runtime would put it.
+    let dev = n.dir.join("node/fake-dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    let nvidia1 = dev.join("nvidia1");
+    let restore = RestoreNode {
+        n,
+        device: nvidia1.clone(),
+        pod: "kai-per-node",
+    };
+    set_gpu_memory_label(n, 81_920);
+    let _ = std::fs::remove_file(&nvidia1);
+    let made = std::process::Command::new("mknod")
+        .arg(&nvidia1)
+        .args(["c", "195", "1"])
+        .status()
+        .unwrap();
+    assert!(made.success(), "mknod {}", nvidia1.display());
+    let mut p = kai_pod("kai-per-node", json!({"gpu-fraction": "0.5"}));
+    p["spec"]["volumes"] = json!([{"name": "nvidia1",
+        "hostPath": {"path": nvidia1.display().to_string(), "type": "CharDevice"}}]);
+    p["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "nvidia1", "mountPath": "/dev/nvidia1", "readOnly": true}]);
+    let out = n.create(&p);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    bind(n, "kai-per-node");
+    wait_running(n, "kai-per-node");
+    // The file holds the admission-time cap and the per-node keys ...
+    let file = n.exec_ok("kai-per-node", &["cat", "/overrideEnv"]);
+    let kai_hook = n.dir.join("node/kai-hook/vgpu");
+    for line in [
+        "CUDA_DEVICE_MEMORY_LIMIT=40960m".to_owned(),
+        "HAMI_GPU_FRACTION=0.5".to_owned(),
+        format!("HAMI_NODE_GPUS={}/node-gpus", kai_hook.display()),
+    ] {
+        assert!(
+            file.lines().any(|l| l == line),
+            "/overrideEnv has no {line}:\n{file}"
+        );
+    }
+    // ... the library says what it computed (asked first: it says why, if it did not) ...
+    let (_, _, said) = n.exec(
+        "kai-per-node",
+        &["env", "-i", "HAMI_PRELOAD_DEBUG=1", "/usr/bin/true"],
+    );
+    let seen = n.exec(
+        "kai-per-node",
+        &["ls", "-ln", "/dev", &format!("{}", kai_hook.display())],
+    );
+    assert!(
+        said.contains(&format!(
+            "per-node cap {} MiB (smallest of 1 visible GPU(s): {VRAM_MIB} MiB)",
+            VRAM_MIB / 2
+        )),
+        "HAMI_PRELOAD_DEBUG said: {said}\nthe container sees: {seen:?}"
+    );
+    // ... and every process, the env-less one and a login included, has half of *this* card.
+    let want = format!("{}m", VRAM_MIB / 2);
+    for (what, cmd) in [
+        ("env -i printenv", &["env", "-i", "/usr/bin/printenv"][..]),
+        ("su - -c printenv", &["su", "-", "-c", "printenv"][..]),
+        (
+            "the entrypoint's environment",
+            &["cat", "/tmp/entry-env"][..],
+        ),
+    ] {
+        let out = n.exec_ok("kai-per-node", cmd);
+        assert_eq!(
+            var(&vars(&out), "CUDA_DEVICE_MEMORY_LIMIT"),
+            Some(want.as_str()),
+            "{what}:\n{out}"
+        );
+        assert!(
+            !out.contains("HAMI_GPU_FRACTION"),
+            "{what} exports the project key:\n{out}"
+        );
+    }
+    delete_pod(n, "kai-per-node");
+    drop(restore);
+    set_gpu_memory_label(n, VRAM_MIB);
 }
 
 fn env_delivery_pod(n: &mut Node) {
@@ -1096,6 +1284,10 @@ const CASES: &[Case<Node>] = &[
     ),
     ("KAI gpu-memory pod capped inside", kai_gpu_memory_pod),
     ("KAI gpu-fraction pod capped inside", kai_gpu_fraction_pod),
+    (
+        "KAI gpu-fraction pod sized to the card it sees on the node (admission basis 80 GiB, node file 141 GiB)",
+        kai_gpu_fraction_sized_on_the_node,
+    ),
     (
         "hami.io/limit-delivery: env: no file, no mount",
         env_delivery_pod,
