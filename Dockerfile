@@ -35,7 +35,7 @@
 #     configuration's timestamps, and with `--output type=image,...,rewrite-timestamp=true` for the
 #     layers' file times.
 #
-# Not built in this repository's CI: no container engine runs there (see README, "Images");
+# Not built in this repository's CI: no container engine runs there (see docs/operator-guide.md, "Images");
 # charts/tests/render.py checks this file statically (digests, stages, stand-ins, shell syntax).
 
 # The toolchain the test suite runs on (the workspace MSRV is 1.89), and the distroless runtimes

@@ -900,17 +900,17 @@ def value_keys(prefix: str, node: object) -> list[str]:
     return [prefix]
 
 
-def check_readme_lists_every_value(chart: "helm.Chart") -> None:
-    readme = (CHART.parent.parent / "README.md").read_text()
-    begin, end = "<!-- section:install:begin -->", "<!-- section:install:end -->"
-    if begin not in readme or end not in readme:
-        raise Failure("README.md has no install section")
-    section = readme[readme.index(begin) : readme.index(end)]
+def check_docs_list_every_value(chart: "helm.Chart") -> None:
+    doc = (CHART.parent.parent / "docs" / "configuration.md").read_text()
+    begin, end = "<!-- values:begin -->", "<!-- values:end -->"
+    if begin not in doc or end not in doc:
+        raise Failure("docs/configuration.md has no chart values section")
+    section = doc[doc.index(begin) : doc.index(end)]
     keys = value_keys("", chart.values)
     missing = [k for k in keys if f"| `{k}` |" not in section]
     if missing:
-        raise Failure(f"README install section's value table misses: {', '.join(missing)}")
-    print(f"readme: all {len(keys)} values listed with their defaults")
+        raise Failure(f"docs/configuration.md's chart values table misses: {', '.join(missing)}")
+    print(f"docs: all {len(keys)} values listed with their defaults")
 
 
 def main() -> int:
@@ -930,7 +930,7 @@ def main() -> int:
             check_overlay_semantics(chart)
             check_image_references(chart)
             check_dockerfile()
-            check_readme_lists_every_value(chart)
+            check_docs_list_every_value(chart)
     except (Failure, helm.HelmError) as e:
         print(f"chart test FAILED: {e}", file=sys.stderr)
         return 1

@@ -1089,7 +1089,7 @@ fn metric(c: &Cluster, sample: &str) -> Option<u64> {
 /// default (`kai.missingBasis: deny`), the denial printed by kubectl; admitted with a warning
 /// kubectl prints, a limits file saying `HAMI_UNCAPPED` and the metric, once the operator opts out
 /// through the chart (`webhook.kai.missingBasis=warn`); and a pod with a basis for comparison.
-/// Printed for the README.
+/// Printed for the documentation (docs/design.md, "What the user sees, measured").
 fn missing_basis_denied_by_default_and_the_opt_out_warns(c: &mut Cluster) {
     // No GPU node matches this selector.
     let mut p = kai_pod("no-basis", json!({"gpu-fraction": "0.25"}));
@@ -1468,7 +1468,8 @@ fn rbac_as_shipped(c: &mut Cluster) {
 }
 
 /// failurePolicy as measured: with the webhook stopped, what a KAI pod, a HAMi pod and a plain pod
-/// get with the chart's default (Fail) and with Ignore. Printed for the README.
+/// get with the chart's default (Fail) and with Ignore. Printed for docs/development.md
+/// ("failurePolicy, measured").
 fn failure_policy(c: &mut Cluster) {
     // Hung rather than down: the process stopped (SIGSTOP), so connections are accepted by the
     // kernel and never answered. The API server gives up after the chart's timeoutSeconds (10).

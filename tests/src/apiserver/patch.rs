@@ -14,7 +14,7 @@ pub enum PatchKind {
     Json,
     /// `application/strategic-merge-patch+json`
     Strategic,
-    /// `application/apply-patch+yaml` (server-side apply, approximated; see the README)
+    /// `application/apply-patch+yaml` (server-side apply, approximated; see tests/README.md)
     Apply,
 }
 
