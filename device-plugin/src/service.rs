@@ -175,11 +175,24 @@ impl SharedState {
 /// Applies health events from an inventory's watch until the sender side is dropped.
 pub fn spawn_health_updates(
     state: Arc<SharedState>,
+    events: tokio::sync::mpsc::UnboundedReceiver<crate::inventory::HealthEvent>,
+) -> tokio::task::JoinHandle<()> {
+    spawn_health_updates_all(vec![state], events)
+}
+
+/// [`spawn_health_updates`] for several resources (static MIG): an event about a physical GPU
+/// reaches every resource with a device on it.
+pub fn spawn_health_updates_all(
+    states: Vec<Arc<SharedState>>,
     mut events: tokio::sync::mpsc::UnboundedReceiver<crate::inventory::HealthEvent>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(event) = events.recv().await {
-            if state.set_health(&event.uuid, event.healthy) {
+            let mut changed = false;
+            for state in &states {
+                changed |= state.set_health(&event.uuid, event.healthy);
+            }
+            if changed {
                 if event.healthy {
                     tracing::info!(gpu = %event.uuid, reason = %event.reason, "GPU healthy again");
                 } else {
