@@ -320,24 +320,14 @@ pub fn advertise(
     let mut whole_gpus: Vec<Gpu> = Vec::new();
     let mut mig: Vec<(String, (Gpu, String))> = Vec::new();
     let mig_aware = strategy != MigStrategy::None;
-    let mut first_profile: Option<(String, u64, String)> = None;
+    let mut without_slices: Vec<Gpu> = Vec::new();
     for gpu in found {
         if !(mig_aware && gpu.mig_enabled) {
             whole_gpus.push(gpu);
             continue;
         }
         if gpu.mig_devices.is_empty() {
-            if strategy == MigStrategy::Single {
-                return Err(refuse(format!(
-                    "GPU {} (index {}) is in MIG mode but has no MIG devices configured: create its MIG devices (nvidia-smi mig -cgi ... -C), or disable MIG mode on it",
-                    gpu.uuid, gpu.index
-                )));
-            }
-            skipped.push(SkippedGpu::new(
-                &gpu.uuid,
-                gpu.index,
-                "MIG mode is enabled but no MIG device is configured on it",
-            ));
+            without_slices.push(gpu);
             continue;
         }
         for device in &gpu.mig_devices {
@@ -347,35 +337,44 @@ pub fn advertise(
                 MigStrategy::Mixed => profile
                     .mixed_resource_name()
                     .map_err(|e| refuse(format!("MIG device {}: {e}", device.uuid)))?,
-                _ => {
-                    match &first_profile {
-                        None => {
-                            first_profile =
-                                Some((device.profile.clone(), device.memory_mib, device.uuid.clone()));
-                        }
-                        Some((p, mib, uuid))
-                            if *p != device.profile || *mib != device.memory_mib =>
-                        {
-                            return Err(refuse(format!(
-                                "more than one MIG device type on the node: {uuid} is {p} ({mib} MiB), {} is {} ({} MiB); use MIG_STRATEGY=mixed, or slice every GPU alike",
-                                device.uuid, device.profile, device.memory_mib
-                            )));
-                        }
-                        Some(_) => {}
-                    }
-                    SINGLE_RESOURCE.to_owned()
-                }
+                _ => SINGLE_RESOURCE.to_owned(),
             };
             mig.push((resource, mig_entry(&gpu, device)));
         }
     }
-    if strategy == MigStrategy::Single
-        && let (Some(plain), Some((_, (_, parent)))) = (whole_gpus.first(), mig.first())
-    {
-        return Err(refuse(format!(
-            "GPU {} is not in MIG mode but GPU {parent} is: all GPUs of the node must have the same MIG mode; use MIG_STRATEGY=mixed",
-            plain.uuid
-        )));
+    // HAMi's `assertAllMigDevicesAreValid`: a MIG-enabled GPU without slices (an error with
+    // `single`, left out with `mixed`), then, with `single`, one kind of slice only; then
+    // `single` refuses GPUs with and without MIG mode side by side.
+    for gpu in without_slices {
+        if strategy == MigStrategy::Single {
+            return Err(refuse(format!(
+                "GPU {} (index {}) is in MIG mode but has no MIG devices configured: create its MIG devices (nvidia-smi mig -cgi ... -C), or disable MIG mode on it",
+                gpu.uuid, gpu.index
+            )));
+        }
+        skipped.push(SkippedGpu::new(
+            &gpu.uuid,
+            gpu.index,
+            "MIG mode is enabled but no MIG device is configured on it",
+        ));
+    }
+    if strategy == MigStrategy::Single {
+        if let Some((_, (first, _))) = mig.first()
+            && let Some((_, (other, _))) = mig
+                .iter()
+                .find(|(_, (m, _))| m.name != first.name || m.memory_mib != first.memory_mib)
+        {
+            return Err(refuse(format!(
+                "more than one MIG device type on the node: {} is {} MiB ({}), {} is {} MiB ({}); use MIG_STRATEGY=mixed, or slice every GPU alike",
+                first.uuid, first.memory_mib, first.name, other.uuid, other.memory_mib, other.name
+            )));
+        }
+        if let (Some(plain), Some((_, (_, parent)))) = (whole_gpus.first(), mig.first()) {
+            return Err(refuse(format!(
+                "GPU {} is not in MIG mode but GPU {parent} is: all GPUs of the node must have the same MIG mode; use MIG_STRATEGY=mixed",
+                plain.uuid
+            )));
+        }
     }
 
     // The node's filter, then the memory fallback (HAMi's order).
