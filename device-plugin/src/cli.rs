@@ -217,7 +217,11 @@ pub struct SourceArgs {
     pub mig_strategy: crate::mig::MigStrategy,
 }
 
+/// An empty value (a variable set to "") is the default, as urfave/cli reads HAMi's variables.
 fn parse_mig_strategy(value: &str) -> Result<crate::mig::MigStrategy, String> {
+    if value.is_empty() {
+        return Ok(crate::mig::MigStrategy::default());
+    }
     value.parse()
 }
 
@@ -301,9 +305,11 @@ pub struct GpuRunArgs {
     pub enable_healthchecks: Option<String>,
 }
 
-/// A boolean as Go's `strconv.ParseBool` reads it (urfave/cli's flags and variables).
+/// A boolean as Go's `strconv.ParseBool` reads it (urfave/cli's flags and variables); an empty
+/// value is the default (`true`), as urfave/cli skips an empty variable.
 fn parse_go_bool(value: &str) -> Result<bool, String> {
     match value {
+        "" => Ok(true),
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
         other => Err(format!(

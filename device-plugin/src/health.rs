@@ -10,7 +10,16 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::inventory::HealthEvent;
+/// A change of one GPU's (or MIG device's) health.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthEvent {
+    /// The GPU's UUID.
+    pub uuid: String,
+    /// Its new health.
+    pub healthy: bool,
+    /// Why, for the log (an Xid number, the inventory file).
+    pub reason: String,
+}
 
 /// `all` or `xids` turns health checks off; otherwise a comma-separated list of further Xids
 /// that do not make a GPU unhealthy (HAMi's and NVIDIA's name).

@@ -9,6 +9,7 @@ use hami_shared::names::MAX_GPU_MINOR;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+pub use crate::health::HealthEvent;
 use crate::health::HealthCheckPolicy;
 
 /// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
@@ -53,17 +54,6 @@ pub struct MigDevice {
     pub memory_mib: u64,
     /// False after a critical Xid on its GPU, or when the inventory file says so.
     pub healthy: bool,
-}
-
-/// A change of one GPU's health.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthEvent {
-    /// The GPU's UUID.
-    pub uuid: String,
-    /// Its new health.
-    pub healthy: bool,
-    /// Why, for the log (an Xid number, the inventory file).
-    pub reason: String,
 }
 
 /// Errors finding GPUs.

@@ -428,6 +428,18 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
     assert!(text.contains("  MIG-bbbbbbbb-0000-5000-8000-000000000001 Healthy"), "{text}");
     assert!(text.contains(r#""id":"MIG-bbbbbbbb-0000-5000-8000-000000000001""#), "{text}");
 
+    // An empty variable is no value (urfave/cli skips it): the default, none.
+    let out = plugin()
+        .args(["inventory", "--json", "--inventory"])
+        .arg(&path)
+        .env("MIG_STRATEGY", "")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["resources"].as_array().unwrap().len(), 1);
+    assert_eq!(report["kubeletDevices"].as_array().unwrap().len(), 30);
+
     // A layout `single` refuses exits 1, naming the strategy and the GPU; a bad value exits 2.
     let out = plugin()
         .args(["inventory", "--mig-strategy=single", "--inventory"])
