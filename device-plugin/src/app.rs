@@ -9,27 +9,27 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use crate::allocation::config::ConfigError;
+use crate::allocation::mig::MigAllocate;
 use crate::allocation::pod_lookup::cache::PodCache;
 use crate::allocation::pod_lookup::locator::KubePendingPod;
 use crate::allocation::{collector, executor};
 use crate::api;
 use crate::cli::{RunArgs, SourceArgs};
-use crate::allocation::mig::MigAllocate;
 use crate::devices::{
     AdvertiseSettings, Advertised, DeviceTable, MigLayoutError, NoGpuError, SkippedGpu, advertise,
 };
 use crate::health::HealthCheckPolicy;
 use crate::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
-use crate::mig::MigStrategy;
 use crate::metrics::Metrics;
+use crate::mig::MigStrategy;
 use crate::node_register::{self, ANNOTATION_NODE_NVIDIA_REGISTER, NodeRegisterConfig};
 use crate::nvml::NvmlInventory;
 use crate::plugin::{self, Lifecycle, LifecycleError};
 use crate::service::{
     AllocateHandler, NoPendingPod, PendingPodDevices, SharedState, spawn_health_updates_all,
 };
-use hami_ops::Readiness;
 use crate::settings::{PluginSettings, SettingsError};
+use hami_ops::Readiness;
 
 /// Why the binary stops with an error.
 #[derive(Debug, thiserror::Error)]
@@ -395,9 +395,16 @@ pub async fn run_with_options(
         tracing::warn!(env = key, value = %item, accepted = "an Xid number, `all` or `xids`", "ignoring a malformed Xid, as HAMi does");
     }
     if policy.all_disabled() {
-        tracing::warn!(env = crate::health::ENV_DISABLE_HEALTHCHECKS, "GPU health checks disabled");
+        tracing::warn!(
+            env = crate::health::ENV_DISABLE_HEALTHCHECKS,
+            "GPU health checks disabled"
+        );
     }
-    if let Some(written) = settings.node.as_ref().and_then(|n| n.mig_strategy.as_deref()) {
+    if let Some(written) = settings
+        .node
+        .as_ref()
+        .and_then(|n| n.mig_strategy.as_deref())
+    {
         tracing::warn!(
             node_config = "migstrategy",
             value = written,
@@ -567,7 +574,10 @@ pub async fn run_with_options(
         stop_ops(stopping).await;
         return Err(error.into());
     }
-    spawn_health_updates_all(states.iter().map(|(_, s)| Arc::clone(s)).collect(), health_rx);
+    spawn_health_updates_all(
+        states.iter().map(|(_, s)| Arc::clone(s)).collect(),
+        health_rx,
+    );
 
     let devices_task = spawn_device_counts(&states, Arc::clone(&metrics), until_stopped);
     // The HAMi scheduler schedules resourceCountName: the node annotation lists that resource's
@@ -709,7 +719,8 @@ where
                 all += devices.len();
             }
             metrics.set_devices(healthy, all - healthy);
-            let changed = futures::future::select_all(tables.iter_mut().map(|t| Box::pin(t.changed())));
+            let changed =
+                futures::future::select_all(tables.iter_mut().map(|t| Box::pin(t.changed())));
             tokio::select! {
                 () = &mut stop => return,
                 (changed, _, _) = changed => if changed.is_err() { return },
@@ -718,11 +729,11 @@ where
     })
 }
 
+/// The inventory backend, the GPUs it listed, and what is advertised of them.
+type Discovered = (Box<dyn GpuInventory>, Vec<Gpu>, Advertised);
+
 /// Opens the inventory, lists the GPUs and decides what to advertise.
-fn discover(
-    source: &SourceArgs,
-    settings: &PluginSettings,
-) -> Result<(Box<dyn GpuInventory>, Vec<Gpu>, Advertised), AppError> {
+fn discover(source: &SourceArgs, settings: &PluginSettings) -> Result<Discovered, AppError> {
     let inventory = open_inventory(source)?;
     let found = inventory.discover()?;
     let advertised = advertise(found.clone(), &advertise_settings(source, settings))?;

@@ -407,7 +407,10 @@ pub fn advertise(
             skipped.push(SkippedGpu::new(&entry.uuid, entry.index, FILTERED));
             continue;
         }
-        by_resource.entry(resource).or_default().push((entry, parent));
+        by_resource
+            .entry(resource)
+            .or_default()
+            .push((entry, parent));
     }
     for (resource_name, devices) in by_resource {
         if resources.iter().any(|r| r.resource_name == resource_name) {
@@ -515,7 +518,10 @@ mod tests {
         assert_eq!(table.gpus().len(), 1);
         assert_eq!(table.gpus()[0].uuid, "GPU-m");
         assert_eq!(skipped.len(), 3);
-        assert!(skipped[2].reason.contains("preConfiguredDeviceMemory"), "{skipped:?}");
+        assert!(
+            skipped[2].reason.contains("preConfiguredDeviceMemory"),
+            "{skipped:?}"
+        );
         let err = DeviceTable::build(vec![gpu("GPU-a", 0), gpu("GPU-b", 1)], &filter, 2, false)
             .unwrap_err();
         assert_eq!(err.found, 2);

@@ -284,7 +284,10 @@ mod tests {
         assert!(!default.is_disabled(48) && !default.is_disabled(UNKNOWN_XID));
 
         for off in ["all", "XIDS", "48, all", " All "] {
-            assert!(HealthCheckPolicy::new(Some(off), None).all_disabled(), "{off}");
+            assert!(
+                HealthCheckPolicy::new(Some(off), None).all_disabled(),
+                "{off}"
+            );
         }
         // HAMi's map uses 0 for "all": an Xid 0 in the list is the same as `all`.
         assert!(HealthCheckPolicy::new(Some("0"), None).all_disabled());
@@ -338,7 +341,12 @@ mod tests {
     }
 
     /// Runs the watch over `script` and returns the events it sent before the receiver closed.
-    fn run(script: Script, uuids: &[&str], policy: HealthCheckPolicy, expect: usize) -> Vec<HealthEvent> {
+    fn run(
+        script: Script,
+        uuids: &[&str],
+        policy: HealthCheckPolicy,
+        expect: usize,
+    ) -> Vec<HealthEvent> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let watch = HealthWatch {
             uuids: uuids.iter().map(|u| (*u).to_owned()).collect(),
@@ -395,12 +403,23 @@ mod tests {
                 (e.uuid.as_str(), e.reason.as_str())
             })
             .collect();
-        assert_eq!(summary[0], ("GPU-c", "cannot watch its Xid events: GPU is lost"));
+        assert_eq!(
+            summary[0],
+            ("GPU-c", "cannot watch its Xid events: GPU is lost")
+        );
         assert_eq!(summary[1], ("GPU-b", "critical Xid 79"));
         let named: Vec<&str> = summary[2..6].iter().map(|(u, _)| *u).collect();
         assert_eq!(named, ["GPU-a", "GPU-b", "GPU-c", "GPU-d"]);
-        assert!(summary[2].1.contains("cannot name: Unknown"), "{}", summary[2].1);
-        assert!(summary[6..].iter().all(|(_, r)| r.contains("waiting for NVML events failed: GPU is lost")));
+        assert!(
+            summary[2].1.contains("cannot name: Unknown"),
+            "{}",
+            summary[2].1
+        );
+        assert!(
+            summary[6..]
+                .iter()
+                .all(|(_, r)| r.contains("waiting for NVML events failed: GPU is lost"))
+        );
     }
 
     #[test]
@@ -410,7 +429,12 @@ mod tests {
             unsupported: vec![],
             waits: VecDeque::from([xid("GPU-a", 13), xid("GPU-a", 43)]),
         };
-        let got = run(script, &["GPU-a"], HealthCheckPolicy::new(None, Some("43")), 1);
+        let got = run(
+            script,
+            &["GPU-a"],
+            HealthCheckPolicy::new(None, Some("43")),
+            1,
+        );
         assert_eq!(got[0].reason, "critical Xid 43");
     }
 }

@@ -9,8 +9,8 @@ use hami_shared::names::MAX_GPU_MINOR;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-pub use crate::health::HealthEvent;
 use crate::health::HealthCheckPolicy;
+pub use crate::health::HealthEvent;
 
 /// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
 pub const ENV_INVENTORY: &str = "HAMI_INVENTORY";
@@ -158,9 +158,17 @@ struct FileMigDevice {
 /// Longest MIG UUID we accept (`MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`).
 const MAX_MIG_UUID_LEN: usize = 80;
 
-fn mig_devices(gpu_uuid: &str, mig_enabled: bool, entries: Vec<FileMigDevice>, seen: &mut Vec<String>) -> Result<Vec<MigDevice>, String> {
+fn mig_devices(
+    gpu_uuid: &str,
+    mig_enabled: bool,
+    entries: Vec<FileMigDevice>,
+    seen: &mut Vec<String>,
+) -> Result<Vec<MigDevice>, String> {
     if !entries.is_empty() && !mig_enabled {
-        return Err("migDevices is set but migEnabled is not true: a GPU has MIG devices only in MIG mode".to_owned());
+        return Err(
+            "migDevices is set but migEnabled is not true: a GPU has MIG devices only in MIG mode"
+                .to_owned(),
+        );
     }
     let mut out = Vec::with_capacity(entries.len());
     for (j, entry) in entries.into_iter().enumerate() {
@@ -179,7 +187,8 @@ fn mig_devices(gpu_uuid: &str, mig_enabled: bool, entries: Vec<FileMigDevice>, s
         if entry.uuid == gpu_uuid || seen.contains(&entry.uuid) {
             return Err(at("uuid appears twice".to_owned()));
         }
-        let profile = crate::mig::MigProfile::parse(&entry.profile).map_err(|e| at(format!("profile {e}")))?;
+        let profile = crate::mig::MigProfile::parse(&entry.profile)
+            .map_err(|e| at(format!("profile {e}")))?;
         if entry.memory_mib == 0 {
             return Err(at("memoryMib must be a positive number of MiB".to_owned()));
         }
@@ -306,15 +315,23 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
                 other.uuid
             )));
         }
-        if gpus.iter().any(|g: &Gpu| g.mig_devices.iter().any(|m| m.uuid == entry.uuid)) {
+        if gpus
+            .iter()
+            .any(|g: &Gpu| g.mig_devices.iter().any(|m| m.uuid == entry.uuid))
+        {
             return Err(invalid("uuid appears twice".to_owned()));
         }
         let mut seen: Vec<String> = gpus
             .iter()
             .flat_map(|g: &Gpu| g.mig_devices.iter().map(|m| m.uuid.clone()))
             .collect();
-        let migs = mig_devices(&entry.uuid, entry.mig_enabled, entry.mig_devices.clone(), &mut seen)
-            .map_err(invalid)?;
+        let migs = mig_devices(
+            &entry.uuid,
+            entry.mig_enabled,
+            entry.mig_devices.clone(),
+            &mut seen,
+        )
+        .map_err(invalid)?;
         gpus.push(Gpu {
             uuid: entry.uuid,
             index,

@@ -88,8 +88,7 @@ const ATTRIBUTES: [&str; 3] = ["me", "me.all", "gfx"];
 
 fn slices(text: &str, unit: char) -> Option<u32> {
     let digits = text.strip_suffix(unit)?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.starts_with('0')
-    {
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.starts_with('0') {
         return None;
     }
     digits.parse().ok()
@@ -168,7 +167,11 @@ impl MigProfile {
 impl fmt::Display for MigProfile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.compute_slices == self.gpu_slices {
-            write!(f, "{}g.{}gb{}", self.gpu_slices, self.memory_gb, self.suffix)
+            write!(
+                f,
+                "{}g.{}gb{}",
+                self.gpu_slices, self.memory_gb, self.suffix
+            )
         } else {
             write!(
                 f,
@@ -227,7 +230,10 @@ pub struct SliceShape {
 
 /// The first GPU instance profile (in ID order, so a base profile before its variants) whose
 /// shape is the device's; `None` when none matches.
-pub fn match_gpu_instance_profile(device: SliceShape, profiles: &[(u32, SliceShape)]) -> Option<u32> {
+pub fn match_gpu_instance_profile(
+    device: SliceShape,
+    profiles: &[(u32, SliceShape)],
+) -> Option<u32> {
     profiles
         .iter()
         .find(|(_, shape)| *shape == device)
@@ -256,9 +262,21 @@ mod tests {
         for (text, printed, resource) in [
             ("1g.10gb", "1g.10gb", Some("nvidia.com/mig-1g.10gb")),
             ("7g.141gb", "7g.141gb", Some("nvidia.com/mig-7g.141gb")),
-            ("1g.10gb+me", "1g.10gb+me", Some("nvidia.com/mig-1g.10gb.me")),
-            ("1g.20gb+me.all", "1g.20gb+me.all", Some("nvidia.com/mig-1g.20gb.me.all")),
-            ("1g.10gb-me", "1g.10gb-me", Some("nvidia.com/mig-1g.10gb-me")),
+            (
+                "1g.10gb+me",
+                "1g.10gb+me",
+                Some("nvidia.com/mig-1g.10gb.me"),
+            ),
+            (
+                "1g.20gb+me.all",
+                "1g.20gb+me.all",
+                Some("nvidia.com/mig-1g.20gb.me.all"),
+            ),
+            (
+                "1g.10gb-me",
+                "1g.10gb-me",
+                Some("nvidia.com/mig-1g.10gb-me"),
+            ),
             ("2g.2g.20gb", "2g.20gb", None),
             ("1c.2g.20gb", "1c.2g.20gb", None),
         ] {
@@ -270,15 +288,33 @@ mod tests {
             assert_eq!(p.to_string(), printed);
             assert_eq!(p.mixed_resource_name().ok().as_deref(), resource, "{text}");
         }
-        assert_eq!(MigProfile::parse("2c.2g.20gb").unwrap().to_string(), "2g.20gb");
+        assert_eq!(
+            MigProfile::parse("2c.2g.20gb").unwrap().to_string(),
+            "2g.20gb"
+        );
         let err = MigProfile::parse("1c.2g.20gb")
             .unwrap()
             .mixed_resource_name()
             .unwrap_err();
-        assert!(err.contains("1c.2g.20gb") && err.contains("MIG_STRATEGY=single"), "{err}");
-        for bad in ["", "1g", "1g.10", "g.10gb", "01g.10gb", "1g.10gb+xx", "1g.10gb+", "1x.1g.5gb"] {
+        assert!(
+            err.contains("1c.2g.20gb") && err.contains("MIG_STRATEGY=single"),
+            "{err}"
+        );
+        for bad in [
+            "",
+            "1g",
+            "1g.10",
+            "g.10gb",
+            "01g.10gb",
+            "1g.10gb+xx",
+            "1g.10gb+",
+            "1x.1g.5gb",
+        ] {
             let err = MigProfile::parse(bad).unwrap_err();
-            assert!(err.contains("expected a MIG profile like 1g.10gb"), "{bad}: {err}");
+            assert!(
+                err.contains("expected a MIG profile like 1g.10gb"),
+                "{bad}: {err}"
+            );
         }
     }
 
@@ -309,7 +345,11 @@ mod tests {
             engines: [1, 0, 1, 1],
             ..plain
         };
-        let profiles = [(0x00, plain), (0x07, media), (0x01, SliceShape { slices: 2, ..plain })];
+        let profiles = [
+            (0x00, plain),
+            (0x07, media),
+            (0x01, SliceShape { slices: 2, ..plain }),
+        ];
         assert_eq!(match_gpu_instance_profile(plain, &profiles), Some(0x00));
         assert_eq!(match_gpu_instance_profile(media, &profiles), Some(0x07));
         assert_eq!(

@@ -11,8 +11,7 @@ use nvml_wrapper::{Device, EventSet, Nvml};
 use tokio::sync::mpsc;
 
 use crate::health::{
-    self, HealthCheckPolicy, HealthWatch, Registration, UNKNOWN_XID, Wait, XidEvent,
-    XidEventSource,
+    self, HealthCheckPolicy, HealthWatch, Registration, UNKNOWN_XID, Wait, XidEvent, XidEventSource,
 };
 use crate::inventory::{Gpu, GpuInventory, HealthEvent, InventoryError, MigDevice};
 use crate::mig::{self, MigProfile, SliceShape};
@@ -207,7 +206,10 @@ impl GpuInventory for NvmlInventory {
             return Ok(());
         }
         let nvml = Arc::clone(&self.nvml);
-        let watch = HealthWatch::new(gpus.iter().map(|g| g.uuid.clone()).collect(), policy.clone());
+        let watch = HealthWatch::new(
+            gpus.iter().map(|g| g.uuid.clone()).collect(),
+            policy.clone(),
+        );
         std::thread::Builder::new()
             .name("nvml-health".to_owned())
             .spawn(move || {

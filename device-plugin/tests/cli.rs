@@ -479,12 +479,18 @@ impl Running {
         let kubelet_dir = dir.path().join("device-plugins");
         std::fs::create_dir_all(&kubelet_dir).unwrap();
         let mut cmd = plugin();
-        cmd.args(["--log-format", "json", "run", "--skip-node-register", "--kubelet-dir"])
-            .arg(&kubelet_dir)
-            .args(args)
-            .env("NODE_NAME", "node-a")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.args([
+            "--log-format",
+            "json",
+            "run",
+            "--skip-node-register",
+            "--kubelet-dir",
+        ])
+        .arg(&kubelet_dir)
+        .args(args)
+        .env("NODE_NAME", "node-a")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -493,7 +499,10 @@ impl Running {
         let (tx, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             use std::io::BufRead;
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
                 let value = serde_json::from_str(&line)
                     .unwrap_or_else(|_| serde_json::json!({ "message": line }));
                 if tx.send(value).is_err() {
@@ -595,7 +604,12 @@ fn without_a_usable_gpu_the_plugin_waits_and_stops_cleanly() {
     assert_eq!(http_get(&addr, "/readyz"), (200, "ready\n".to_owned()));
     let (code, metrics) = http_get(&addr, "/metrics");
     assert_eq!(code, 200);
-    assert!(metrics.lines().any(|l| l.starts_with("hami_device_plugin_devices") && l.ends_with(" 0")), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("hami_device_plugin_devices") && l.ends_with(" 0")),
+        "{metrics}"
+    );
     // Still there a while later, having said it once, with no plugin socket.
     std::thread::sleep(Duration::from_millis(600));
     assert!(run.child.try_wait().unwrap().is_none(), "the plugin exited");
@@ -603,7 +617,11 @@ fn without_a_usable_gpu_the_plugin_waits_and_stops_cleanly() {
     assert_eq!(run.count("No devices found. Waiting indefinitely."), 1);
     let (status, log) = run.terminate();
     assert_eq!(status.code(), Some(0), "{log:#?}");
-    assert!(log.iter().any(|l| l["message"] == "stopped while waiting for GPUs"), "{log:#?}");
+    assert!(
+        log.iter()
+            .any(|l| l["message"] == "stopped while waiting for GPUs"),
+        "{log:#?}"
+    );
 }
 
 /// NVML unavailable: FAIL_ON_INIT_ERROR (default true) exits 1 naming the problem; `false`
@@ -637,7 +655,8 @@ fn fail_on_init_error_decides_between_exiting_and_waiting_without_nvml() {
         let line = run.wait_for("No devices found. Waiting indefinitely.");
         let reason = line["reason"].as_str().unwrap();
         assert!(
-            reason.contains("NVML is not available") && reason.contains("FAIL_ON_INIT_ERROR is false"),
+            reason.contains("NVML is not available")
+                && reason.contains("FAIL_ON_INIT_ERROR is false"),
             "{reason}"
         );
         let (status, log) = run.terminate();
@@ -649,5 +668,8 @@ fn fail_on_init_error_decides_between_exiting_and_waiting_without_nvml() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("FAIL_ON_INIT_ERROR (--fail-on-init-error) \"maybe\" is not a boolean"), "{err}");
+    assert!(
+        err.contains("FAIL_ON_INIT_ERROR (--fail-on-init-error) \"maybe\" is not a boolean"),
+        "{err}"
+    );
 }

@@ -1137,7 +1137,11 @@ fn plan_refuses_a_gpu_the_file_cannot_hold_naming_it() {
             .to_string()
             .contains("reports its memory (unified memory, e.g. GB10)")
     );
-    let plan = plan_with(listed(vec![gpu("GPU-aaaa", 0, 0, 0), gpu("GPU-bbbb", 1, 1, 7680)])).unwrap();
+    let plan = plan_with(listed(vec![
+        gpu("GPU-aaaa", 0, 0, 0),
+        gpu("GPU-bbbb", 1, 1, 7680),
+    ]))
+    .unwrap();
     let NodeGpusPlan::Publish { gpus, .. } = &plan.node_gpus else {
         panic!("{plan:?}")
     };

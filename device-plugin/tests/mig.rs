@@ -9,7 +9,7 @@ use std::process::Command;
 
 use hami_device_plugin::allocation::mig::{MigAllocate, mig_container_response};
 use hami_device_plugin::api::v1beta1;
-use hami_device_plugin::devices::{Advertised, AdvertiseSettings, advertise};
+use hami_device_plugin::devices::{AdvertiseSettings, Advertised, advertise};
 use hami_device_plugin::inventory::{DeviceFilter, parse_inventory};
 use hami_device_plugin::mig::MigStrategy;
 use hami_device_plugin::service::AllocateHandler;
@@ -79,7 +79,11 @@ fn ids(a: &Advertised) -> Vec<(String, Vec<String>)> {
         .map(|r| {
             (
                 r.resource_name.clone(),
-                r.table.kubelet_devices().into_iter().map(|d| d.id).collect(),
+                r.table
+                    .kubelet_devices()
+                    .into_iter()
+                    .map(|d| d.id)
+                    .collect(),
             )
         })
         .collect()
@@ -87,7 +91,12 @@ fn ids(a: &Advertised) -> Vec<(String, Vec<String>)> {
 
 fn owned(list: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
     list.iter()
-        .map(|(r, ids)| ((*r).to_owned(), ids.iter().map(|i| (*i).to_owned()).collect()))
+        .map(|(r, ids)| {
+            (
+                (*r).to_owned(),
+                ids.iter().map(|i| (*i).to_owned()).collect(),
+            )
+        })
         .collect()
 }
 
@@ -140,8 +149,15 @@ fn mixed_advertises_each_profile_under_its_own_resource() {
     );
     // The MIG-enabled GPU without slices is left out (HAMi warns).
     assert_eq!(a.skipped.len(), 1);
-    assert_eq!(a.skipped[0].uuid, "GPU-22222222-2222-4000-8000-222222222222");
-    assert!(a.skipped[0].reason.contains("no MIG device"), "{:?}", a.skipped);
+    assert_eq!(
+        a.skipped[0].uuid,
+        "GPU-22222222-2222-4000-8000-222222222222"
+    );
+    assert!(
+        a.skipped[0].reason.contains("no MIG device"),
+        "{:?}",
+        a.skipped
+    );
     // MIG devices carry their GPU's NUMA node whatever --enable-numa-topology says (HAMi's
     // GetPluginDevices), GPU shares only when it is on.
     let mig = &a.resources[1].table;
@@ -180,13 +196,19 @@ fn single_advertises_the_slices_under_nvidia_com_gpu_and_refuses_mixed_layouts()
     // Without MIG mode anywhere, `single` is `none`.
     let plain = "- {uuid: GPU-a, name: NVIDIA H200, memoryMib: 143771}\n";
     let a = advertised(plain, MigStrategy::Single);
-    assert_eq!(ids(&a), owned(&[("nvidia.com/gpu", &["GPU-a-0", "GPU-a-1"])]));
+    assert_eq!(
+        ids(&a),
+        owned(&[("nvidia.com/gpu", &["GPU-a-0", "GPU-a-1"])])
+    );
 
     let refuse = |text: &str| {
         let gpus = parse_inventory(Path::new("node.yaml"), text).unwrap();
-        advertise(gpus, &settings(MigStrategy::Single, &DeviceFilter::default()))
-            .unwrap_err()
-            .to_string()
+        advertise(
+            gpus,
+            &settings(MigStrategy::Single, &DeviceFilter::default()),
+        )
+        .unwrap_err()
+        .to_string()
     };
     let err = refuse(NODE);
     assert!(
@@ -250,7 +272,9 @@ fn a_gpu_without_memory_takes_pre_configured_device_memory() {
     assert_eq!(a.resources[0].table.gpus().len(), 1);
     assert_eq!(a.skipped[0].uuid, "GPU-5555");
     assert!(
-        a.skipped[0].reason.contains("nvidia.preConfiguredDeviceMemory"),
+        a.skipped[0]
+            .reason
+            .contains("nvidia.preConfiguredDeviceMemory"),
         "{:?}",
         a.skipped
     );
@@ -265,7 +289,11 @@ fn a_gpu_without_memory_takes_pre_configured_device_memory() {
         .iter()
         .map(|g| g.memory_mib)
         .collect();
-    assert_eq!(memory, [131_072, 143_771], "the configured value stands in, reported memory wins");
+    assert_eq!(
+        memory,
+        [131_072, 143_771],
+        "the configured value stands in, reported memory wins"
+    );
     assert!(a.skipped.is_empty());
 }
 
@@ -337,7 +365,10 @@ async fn allocate_of_a_mig_device_is_its_uuid_and_nothing_of_hami_core() {
         )],
         "no CUDA_DEVICE_MEMORY_LIMIT_*, CUDA_DEVICE_SM_LIMIT, shared cache"
     );
-    assert!(first.mounts.is_empty(), "no libvgpu.so, ld.so.preload, /overrideEnv");
+    assert!(
+        first.mounts.is_empty(),
+        "no libvgpu.so, ld.so.preload, /overrideEnv"
+    );
     assert!(first.devices.is_empty() && first.annotations.is_empty());
     assert_eq!(
         response.container_responses[1].envs["NVIDIA_VISIBLE_DEVICES"],
@@ -355,8 +386,11 @@ async fn allocate_of_a_mig_device_is_its_uuid_and_nothing_of_hami_core() {
     }
     let shares = &a.resource("nvidia.com/gpu").unwrap().table;
     assert!(
-        mig_container_response(shares, &["GPU-00000000-0000-4000-8000-000000000000-0".into()])
-            .is_err()
+        mig_container_response(
+            shares,
+            &["GPU-00000000-0000-4000-8000-000000000000-0".into()]
+        )
+        .is_err()
     );
 }
 
@@ -376,11 +410,21 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
     let path = dir.path().join("node.yaml");
     std::fs::write(&path, NODE).unwrap();
     let out = plugin()
-        .args(["inventory", "--json", "--mig-strategy", "mixed", "--inventory"])
+        .args([
+            "inventory",
+            "--json",
+            "--mig-strategy",
+            "mixed",
+            "--inventory",
+        ])
         .arg(&path)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let resources: Vec<(&str, &str, bool, usize)> = report["resources"]
         .as_array()
@@ -407,7 +451,10 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
     let annotation: serde_json::Value =
         serde_json::from_str(report["nodeAnnotation"].as_str().unwrap()).unwrap();
     assert_eq!(annotation.as_array().unwrap().len(), 1);
-    assert_eq!(annotation[0]["id"], "GPU-00000000-0000-4000-8000-000000000000");
+    assert_eq!(
+        annotation[0]["id"],
+        "GPU-00000000-0000-4000-8000-000000000000"
+    );
     assert_eq!(report["gpus"][1]["migDevices"][2]["profile"], "3g.40gb");
 
     // MIG_STRATEGY from the environment, as HAMi's DaemonSet sets it.
@@ -419,14 +466,26 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
         .env("MIG_STRATEGY", "single")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
-        text.contains("resource nvidia.com/gpu on nvidia-gpu.sock: 3 devices (MIG devices, no HAMi-core)"),
+        text.contains(
+            "resource nvidia.com/gpu on nvidia-gpu.sock: 3 devices (MIG devices, no HAMi-core)"
+        ),
         "{text}"
     );
-    assert!(text.contains("  MIG-bbbbbbbb-0000-5000-8000-000000000001 Healthy"), "{text}");
-    assert!(text.contains(r#""id":"MIG-bbbbbbbb-0000-5000-8000-000000000001""#), "{text}");
+    assert!(
+        text.contains("  MIG-bbbbbbbb-0000-5000-8000-000000000001 Healthy"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#""id":"MIG-bbbbbbbb-0000-5000-8000-000000000001""#),
+        "{text}"
+    );
 
     // An empty variable is no value (urfave/cli skips it): the default, none.
     let out = plugin()
@@ -435,7 +494,11 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
         .env("MIG_STRATEGY", "")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["resources"].as_array().unwrap().len(), 1);
     assert_eq!(report["kubeletDevices"].as_array().unwrap().len(), 30);
@@ -448,7 +511,10 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("MIG_STRATEGY=single: GPU GPU-22222222"), "{err}");
+    assert!(
+        err.contains("MIG_STRATEGY=single: GPU GPU-22222222"),
+        "{err}"
+    );
     let out = plugin()
         .args(["inventory", "--inventory"])
         .arg(&path)

@@ -110,7 +110,12 @@ async fn mixed_registers_one_plugin_per_resource_and_allocates_mig_without_hami_
     assert_eq!(gpu.devices().unwrap().len(), 10);
     let mig = by_resource(&registrations, "nvidia.com/mig-1g.10gb").unwrap();
     assert_eq!(mig.request.endpoint, "nvidia-mig-1g.10gb.sock");
-    let ids: Vec<&str> = mig.devices().unwrap().iter().map(|d| d.id.as_str()).collect();
+    let ids: Vec<&str> = mig
+        .devices()
+        .unwrap()
+        .iter()
+        .map(|d| d.id.as_str())
+        .collect();
     assert_eq!(
         ids,
         [
