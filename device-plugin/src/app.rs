@@ -554,8 +554,12 @@ pub async fn run_with_options(
             } else {
                 Arc::clone(&allocate)
             };
-            let preferred = settings.preferred_allocation && !r.table.is_mig();
-            let state = SharedState::new(r.table.clone(), preferred, handler, Arc::clone(&pending));
+            let state = SharedState::new(
+                r.table.clone(),
+                settings.preferred_allocation,
+                handler,
+                Arc::clone(&pending),
+            );
             (r.resource_name.clone(), state)
         })
         .collect();

@@ -537,6 +537,42 @@ mod tests {
     }
 
     #[test]
+    fn mig_devices_are_whole_and_follow_their_gpus_health() {
+        let parent = gpu("GPU-p", 0);
+        let entry = |uuid: &str| {
+            let mut g = gpu(uuid, 0);
+            g.mig_enabled = true;
+            (g, parent.uuid.clone())
+        };
+        let mut table = DeviceTable::whole(vec![entry("MIG-1"), entry("MIG-2")]);
+        assert!(table.is_mig());
+        let ids: Vec<String> = table.kubelet_devices().into_iter().map(|d| d.id).collect();
+        assert_eq!(ids, ["MIG-1", "MIG-2"]);
+        assert_eq!(
+            table.gpu_of("MIG-2").map(|g| g.uuid.as_str()),
+            Some("MIG-2")
+        );
+        assert!(table.gpu_of("MIG-2-0").is_none());
+        // One MIG device, by its UUID; then every device of the GPU, by the GPU's.
+        assert!(table.set_health("MIG-1", false));
+        let health: Vec<String> = table
+            .kubelet_devices()
+            .into_iter()
+            .map(|d| d.health)
+            .collect();
+        assert_eq!(health, ["Unhealthy", "Healthy"]);
+        assert!(table.set_health("GPU-p", false));
+        assert!(
+            table
+                .kubelet_devices()
+                .iter()
+                .all(|d| d.health == "Unhealthy")
+        );
+        assert!(!table.set_health("GPU-other", true));
+        assert_eq!(table.physical_gpus(), ["GPU-p"]);
+    }
+
+    #[test]
     fn health_changes_and_device_ids_map_back() {
         let (mut table, _) =
             DeviceTable::build(vec![gpu("GPU-a-b", 0)], &DeviceFilter::default(), 2, false)

@@ -97,13 +97,32 @@ pub fn preferred_allocation(
     size: usize,
     wanted_uuids: &[String],
 ) -> Vec<String> {
+    preferred_allocation_of(available, must_include, size, wanted_uuids, false)
+}
+
+/// [`preferred_allocation`] over MIG devices too (`whole`: a device ID is the device's UUID,
+/// not `<uuid>-<share>`), so that with `MIG_STRATEGY=single` kubelet takes the MIG devices the
+/// HAMi scheduler chose, as HAMi's `GetPreferredAllocation` does.
+pub fn preferred_allocation_of(
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+    wanted_uuids: &[String],
+    whole: bool,
+) -> Vec<String> {
     let mut chosen: Vec<String> = Vec::with_capacity(size);
     for id in must_include {
         if chosen.len() < size && !chosen.contains(id) {
             chosen.push(id.clone());
         }
     }
-    let uuid_of = |id: &str| split_device_id(id).map(|(uuid, _)| uuid.to_owned());
+    let uuid_of = |id: &str| {
+        if whole {
+            Some(id.to_owned())
+        } else {
+            split_device_id(id).map(|(uuid, _)| uuid.to_owned())
+        }
+    };
     for wanted in wanted_uuids {
         if chosen.len() >= size {
             break;
@@ -270,15 +289,17 @@ impl DevicePlugin for DevicePluginService {
             tracing::warn!(error = %status.message(), "pending pod unknown; preferring the first available devices");
             Vec::new()
         });
+        let whole = self.state.table.borrow().is_mig();
         let container_responses = request
             .container_requests
             .iter()
             .map(|c| v1beta1::ContainerPreferredAllocationResponse {
-                device_i_ds: preferred_allocation(
+                device_i_ds: preferred_allocation_of(
                     &c.available_device_i_ds,
                     &c.must_include_device_i_ds,
                     usize::try_from(c.allocation_size).unwrap_or(0),
                     &wanted,
+                    whole,
                 ),
             })
             .collect();
@@ -343,5 +364,19 @@ mod tests {
             ids(&["GPU-b-1", "GPU-c-0"])
         );
         assert!(preferred_allocation(&available, &[], 0, &ids(&["GPU-a"])).is_empty());
+    }
+
+    #[test]
+    fn mig_devices_are_preferred_by_their_uuid() {
+        let available = ids(&["MIG-aaaa-0001", "MIG-aaaa-0002", "MIG-bbbb-0001"]);
+        assert_eq!(
+            preferred_allocation_of(&available, &[], 1, &ids(&["MIG-bbbb-0001"]), true),
+            ids(&["MIG-bbbb-0001"])
+        );
+        // Read as shares, `MIG-aaaa-0001` would be share 1 of `MIG-aaaa`.
+        assert_eq!(
+            preferred_allocation_of(&available, &[], 1, &ids(&["MIG-bbbb-0001"]), false),
+            ids(&["MIG-aaaa-0001"])
+        );
     }
 }

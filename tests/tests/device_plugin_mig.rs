@@ -123,14 +123,14 @@ async fn mixed_registers_one_plugin_per_resource_and_allocates_mig_without_hami_
             "MIG-aaaaaaaa-0000-5000-8000-000000000002"
         ]
     );
-    assert!(
-        !mig.options.unwrap().get_preferred_allocation_available,
-        "MIG devices are whole: nothing to prefer"
-    );
+    assert!(mig.options.unwrap().get_preferred_allocation_available);
 
     let mut client = PluginClient::connect(&dir.path().join("nvidia-mig-1g.10gb.sock"))
         .await
         .unwrap();
+    // No pod of the HAMi scheduler's is pending: the first available MIG device, by its UUID.
+    let ids: Vec<String> = ids.iter().map(|i| (*i).to_owned()).collect();
+    assert_eq!(client.preferred(&ids, &[], 1).await.unwrap(), &ids[..1]);
     let response = client
         .allocate(&[vec!["MIG-aaaaaaaa-0000-5000-8000-000000000002".to_owned()]])
         .await
