@@ -9,21 +9,27 @@ use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 
 use crate::allocation::config::ConfigError;
+use crate::allocation::mig::MigAllocate;
 use crate::allocation::pod_lookup::cache::PodCache;
 use crate::allocation::pod_lookup::locator::KubePendingPod;
 use crate::allocation::{collector, executor};
 use crate::api;
 use crate::cli::{RunArgs, SourceArgs};
-use crate::devices::{DeviceTable, NoGpuError, SkippedGpu};
+use crate::devices::{
+    AdvertiseSettings, Advertised, DeviceTable, MigLayoutError, NoGpuError, SkippedGpu, advertise,
+};
+use crate::health::HealthCheckPolicy;
 use crate::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
 use crate::metrics::Metrics;
+use crate::mig::MigStrategy;
 use crate::node_register::{self, ANNOTATION_NODE_NVIDIA_REGISTER, NodeRegisterConfig};
 use crate::nvml::NvmlInventory;
 use crate::plugin::{self, Lifecycle, LifecycleError};
 use crate::service::{
-    AllocateHandler, NoPendingPod, PendingPodDevices, SharedState, spawn_health_updates,
+    AllocateHandler, NoPendingPod, PendingPodDevices, SharedState, spawn_health_updates_all,
 };
 use crate::settings::{PluginSettings, SettingsError};
+use hami_ops::Readiness;
 
 /// Why the binary stops with an error.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +43,9 @@ pub enum AppError {
     /// No GPU left to advertise.
     #[error(transparent)]
     NoGpu(#[from] NoGpuError),
+    /// A MIG layout the strategy refuses (as HAMi does).
+    #[error(transparent)]
+    MigLayout(#[from] MigLayoutError),
     /// `run` without a node name.
     #[error("no node name: set HAMI_NODE_NAME (downward API spec.nodeName) or pass --node-name")]
     MissingNodeName,
@@ -104,7 +113,9 @@ pub fn load_settings(source: &SourceArgs) -> Result<PluginSettings, SettingsErro
 pub fn open_inventory(source: &SourceArgs) -> Result<Box<dyn GpuInventory>, InventoryError> {
     match &source.inventory {
         Some(path) => Ok(Box::new(FileInventory::new(path))),
-        None => Ok(Box::new(NvmlInventory::init()?)),
+        None => Ok(Box::new(
+            NvmlInventory::init()?.with_mig_devices(source.mig_strategy != MigStrategy::None),
+        )),
     }
 }
 
@@ -138,33 +149,38 @@ pub struct InventoryReport {
     pub gpus: Vec<Gpu>,
     /// GPUs not advertised, with the reason.
     pub skipped: Vec<SkippedGpu>,
-    /// The extended resource.
+    /// The first advertised resource (`resourceCountName`, unless every GPU is in MIG mode).
     pub resource_name: String,
-    /// The plugin socket's file name.
+    /// Its plugin socket's file name.
     pub socket: String,
     /// Shares per GPU.
     pub split_count: u32,
     /// The list `ListAndWatch` would send.
     pub kubelet_devices: Vec<ReportDevice>,
+    /// Every advertised resource (the first is the one above; static MIG adds more).
+    pub resources: Vec<ReportResource>,
     /// The node annotation key.
     pub node_annotation_key: String,
     /// The node annotation value, exactly as it would be patched.
     pub node_annotation: String,
 }
 
-/// Builds the `inventory` report.
-pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError> {
-    let settings = load_settings(source)?;
-    let inventory = open_inventory(source)?;
-    let gpus = inventory.discover()?;
-    let (table, skipped) = DeviceTable::build(
-        gpus.clone(),
-        &settings.filter,
-        settings.split_count,
-        settings.numa_topology,
-    )?;
-    let annotation = node_register::register_annotation(&table, settings.scaling());
-    let kubelet_devices = table
+/// One advertised resource in the report.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReportResource {
+    /// The extended resource.
+    pub resource_name: String,
+    /// The plugin socket's file name.
+    pub socket: String,
+    /// `true` for MIG devices (advertised whole, no HAMi-core).
+    pub mig: bool,
+    /// The list `ListAndWatch` would send.
+    pub kubelet_devices: Vec<ReportDevice>,
+}
+
+fn report_devices(table: &DeviceTable) -> Vec<ReportDevice> {
+    table
         .kubelet_devices()
         .into_iter()
         .map(|d| ReportDevice {
@@ -172,15 +188,42 @@ pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError
             health: d.health,
             numa_node: d.topology.and_then(|t| t.nodes.first().map(|n| n.id)),
         })
+        .collect()
+}
+
+/// Builds the `inventory` report.
+pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError> {
+    let settings = load_settings(source)?;
+    let inventory = open_inventory(source)?;
+    let gpus = inventory.discover()?;
+    let advertised = advertise(gpus.clone(), &advertise_settings(source, &settings))?;
+    let Some(first) = advertised.resources.first() else {
+        return Err(AppError::NoGpu(advertised.no_gpu()));
+    };
+    let registered = advertised
+        .resource(&settings.resource_name)
+        .map(|r| r.table.clone())
+        .unwrap_or_else(|| DeviceTable::shares(Vec::new(), settings.split_count, false));
+    let annotation = node_register::register_annotation(&registered, settings.scaling());
+    let resources = advertised
+        .resources
+        .iter()
+        .map(|r| ReportResource {
+            resource_name: r.resource_name.clone(),
+            socket: plugin::socket_name(&r.resource_name),
+            mig: r.table.is_mig(),
+            kubelet_devices: report_devices(&r.table),
+        })
         .collect();
     Ok(InventoryReport {
         backend: inventory.backend().to_owned(),
         gpus,
-        skipped,
-        socket: plugin::socket_name(&settings.resource_name),
-        resource_name: settings.resource_name,
-        split_count: table.split_count(),
-        kubelet_devices,
+        skipped: advertised.skipped.clone(),
+        socket: plugin::socket_name(&first.resource_name),
+        resource_name: first.resource_name.clone(),
+        split_count: first.table.split_count(),
+        kubelet_devices: report_devices(&first.table),
+        resources,
         node_annotation_key: ANNOTATION_NODE_NVIDIA_REGISTER.to_owned(),
         node_annotation: annotation,
     })
@@ -201,6 +244,12 @@ pub fn render_report(report: &InventoryReport) -> String {
             gpu.mig_enabled,
             gpu.healthy
         ));
+        for mig in &gpu.mig_devices {
+            out.push_str(&format!(
+                "  MIG {} {} {} MiB healthy={}\n",
+                mig.uuid, mig.profile, mig.memory_mib, mig.healthy
+            ));
+        }
     }
     for skipped in &report.skipped {
         out.push_str(&format!(
@@ -208,15 +257,21 @@ pub fn render_report(report: &InventoryReport) -> String {
             skipped.uuid, skipped.index, skipped.reason
         ));
     }
-    out.push_str(&format!(
-        "resource {} on {}: {} devices ({} per GPU)\n",
-        report.resource_name,
-        report.socket,
-        report.kubelet_devices.len(),
-        report.split_count
-    ));
-    for device in &report.kubelet_devices {
-        out.push_str(&format!("  {} {}\n", device.id, device.health));
+    for resource in &report.resources {
+        let per = if resource.mig {
+            "MIG devices, no HAMi-core".to_owned()
+        } else {
+            format!("{} per GPU", report.split_count)
+        };
+        out.push_str(&format!(
+            "resource {} on {}: {} devices ({per})\n",
+            resource.resource_name,
+            resource.socket,
+            resource.kubelet_devices.len(),
+        ));
+        for device in &resource.kubelet_devices {
+            out.push_str(&format!("  {} {}\n", device.id, device.health));
+        }
     }
     out.push_str(&format!(
         "{}: {}\n",
@@ -310,6 +365,7 @@ pub async fn run_with_options(
         client,
         metrics_listener,
     } = options;
+    tokio::pin!(shutdown);
     let metrics_listener = match metrics_listener {
         Some(listener) => Some(listener),
         None => match crate::metrics::parse_listen(&args.metrics_listen)
@@ -323,10 +379,6 @@ pub async fn run_with_options(
     };
     let metrics = Arc::new(Metrics::new());
     let settings = load_settings(&args.source)?;
-    let readiness = plugin::readiness(
-        args.kubelet_dir
-            .join(plugin::socket_name(&settings.resource_name)),
-    );
     let node_name = args
         .source
         .node_name
@@ -335,19 +387,123 @@ pub async fn run_with_options(
         .ok_or(AppError::MissingNodeName)?;
     let interval = seconds("register-interval", args.register_interval)?;
     let retry = seconds("register-retry", args.register_retry)?;
-    let inventory = open_inventory(&args.source)?;
-    let found = inventory.discover()?;
-    let (table, skipped) = DeviceTable::build(
-        found,
-        &settings.filter,
-        settings.split_count,
-        settings.numa_topology,
-    )?;
-    for s in &skipped {
+    let policy = HealthCheckPolicy::new(
+        args.gpu.disable_healthchecks.as_deref(),
+        args.gpu.enable_healthchecks.as_deref(),
+    );
+    for (key, item) in policy.malformed() {
+        tracing::warn!(env = key, value = %item, accepted = "an Xid number, `all` or `xids`", "ignoring a malformed Xid, as HAMi does");
+    }
+    if policy.all_disabled() {
+        tracing::warn!(
+            env = crate::health::ENV_DISABLE_HEALTHCHECKS,
+            "GPU health checks disabled"
+        );
+    }
+    if let Some(written) = settings
+        .node
+        .as_ref()
+        .and_then(|n| n.mig_strategy.as_deref())
+    {
+        tracing::warn!(
+            node_config = "migstrategy",
+            value = written,
+            used = %args.source.mig_strategy,
+            "the node entry's migstrategy is ignored, as HAMi v2.10 ignores it: the strategy is MIG_STRATEGY (--mig-strategy)"
+        );
+    }
+
+    // The ops server first: its probes answer while the plugin waits for GPUs.
+    let (stopping, stopped) = watch::channel(false);
+    let until_stopped = || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let probes = Arc::new(ReadinessProbes::default());
+    let readiness = {
+        let probes = Arc::clone(&probes);
+        Readiness::new(&[plugin::READY_REGISTERED])
+            .with_probe(plugin::READY_SOCKET, move || probes.sockets_ready())
+    };
+    let ops_task = metrics_listener.map(|listener| {
+        if let Ok(addr) = listener.local_addr() {
+            tracing::info!(%addr, "serving /healthz, /readyz, /metrics");
+        }
+        let router = hami_ops::router(
+            crate::metrics::renderer(Arc::clone(&metrics)),
+            readiness.clone(),
+        );
+        tokio::spawn(hami_ops::serve(listener, router, until_stopped()))
+    });
+    let stop_ops = |stopping: watch::Sender<bool>| async move {
+        let _ = stopping.send(true);
+        if let Some(task) = ops_task {
+            match task.await {
+                Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),
+                Err(error) => tracing::warn!(%error, "metrics server task failed"),
+                Ok(Ok(())) => {}
+            }
+        }
+    };
+
+    // GPUs, or the wait for them (HAMi's start loop: "No devices found. Waiting indefinitely.",
+    // looking again when kubelet restarts).
+    let kubelet_socket = args.kubelet_dir.join(api::KUBELET_SOCKET);
+    let watch_interval = Duration::from_millis(args.kubelet_watch_ms.max(10));
+    let (inventory, found, advertised) = loop {
+        let reason = match discover(&args.source, &settings) {
+            Ok((inventory, found, advertised)) if !advertised.resources.is_empty() => {
+                break (inventory, found, advertised);
+            }
+            Ok((_, _, advertised)) => advertised.no_gpu().to_string(),
+            Err(AppError::Inventory(InventoryError::NvmlUnavailable(reason)))
+                if !args.gpu.fail_on_init_error =>
+            {
+                format!("NVML is not available ({reason}) and FAIL_ON_INIT_ERROR is false")
+            }
+            Err(error) => {
+                stop_ops(stopping).await;
+                return Err(error);
+            }
+        };
+        tracing::warn!(%reason, "No devices found. Waiting indefinitely.");
+        probes.set_waiting(true);
+        readiness.set(plugin::READY_REGISTERED, true);
+        metrics.set_devices(0, 0);
+        let seen = plugin_identity(&kubelet_socket);
+        let restarted = loop {
+            tokio::select! {
+                () = &mut shutdown => break false,
+                () = tokio::time::sleep(watch_interval) => {}
+            }
+            let now = plugin_identity(&kubelet_socket);
+            if now.is_some() && now != seen {
+                break true;
+            }
+        };
+        if !restarted {
+            tracing::info!("stopped while waiting for GPUs");
+            stop_ops(stopping).await;
+            return Ok(());
+        }
+        tracing::info!("kubelet.sock recreated (kubelet restarted); looking for GPUs again");
+        readiness.set(plugin::READY_REGISTERED, false);
+        probes.set_waiting(false);
+    };
+    for s in &advertised.skipped {
         tracing::warn!(gpu = %s.uuid, index = s.index, reason = %s.reason, "GPU not advertised");
     }
-    for gpu in table.gpus() {
-        tracing::info!(backend = inventory.backend(), gpu = %gpu.uuid, index = gpu.index, name = %gpu.name, memory_mib = gpu.memory_mib, "GPU advertised");
+    if args.source.mig_strategy == MigStrategy::None {
+        for gpu in found.iter().filter(|g| g.mig_enabled) {
+            tracing::warn!(gpu = %gpu.uuid, index = gpu.index, "MIG mode is enabled on this GPU but MIG_STRATEGY is none: it is advertised as a whole GPU split into shares, as HAMi does; set MIG_STRATEGY=single or mixed to advertise its MIG devices");
+        }
+    }
+    for resource in &advertised.resources {
+        for gpu in resource.table.gpus() {
+            tracing::info!(backend = inventory.backend(), resource = %resource.resource_name, gpu = %gpu.uuid, index = gpu.index, name = %gpu.name, memory_mib = gpu.memory_mib, "GPU advertised");
+        }
     }
     let client = match client {
         _ if args.skip_node_register => None,
@@ -374,7 +530,13 @@ pub async fn run_with_options(
         metrics: Arc::clone(&metrics),
         pod_cache: pod_cache.clone(),
     };
-    let allocate = make_allocate(&context)?;
+    let allocate = match make_allocate(&context) {
+        Ok(allocate) => allocate,
+        Err(error) => {
+            stop_ops(stopping).await;
+            return Err(error);
+        }
+    };
     let pending: Arc<dyn PendingPodDevices> = match (&client, pod_cache) {
         (Some(client), Some(cache)) => {
             Arc::new(KubePendingPod::new(client.clone(), node_name.clone()).with_pod_cache(cache))
@@ -382,57 +544,59 @@ pub async fn run_with_options(
         (Some(client), None) => Arc::new(KubePendingPod::new(client.clone(), node_name.clone())),
         (None, _) => Arc::new(NoPendingPod),
     };
-    let state = SharedState::new(
-        table.clone(),
-        settings.preferred_allocation,
-        allocate,
-        pending,
-    );
-    let (health_tx, health_rx) = mpsc::unbounded_channel();
-    inventory.watch_health(table.gpus(), health_tx)?;
-    spawn_health_updates(Arc::clone(&state), health_rx);
-
-    let (stopping, stopped) = watch::channel(false);
-    let until_stopped = || {
-        let mut stopped = stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
-    };
-    let ops_task = metrics_listener.map(|listener| {
-        if let Ok(addr) = listener.local_addr() {
-            tracing::info!(%addr, "serving /healthz, /readyz, /metrics");
-        }
-        let router = hami_ops::router(
-            crate::metrics::renderer(Arc::clone(&metrics)),
-            readiness.clone(),
-        );
-        tokio::spawn(hami_ops::serve(listener, router, until_stopped()))
-    });
-    let devices_task = {
-        let mut table = state.table.subscribe();
-        let metrics = Arc::clone(&metrics);
-        let stop = until_stopped();
-        tokio::spawn(async move {
-            tokio::pin!(stop);
-            loop {
-                {
-                    let t = table.borrow_and_update();
-                    let healthy = t
-                        .kubelet_devices()
-                        .iter()
-                        .filter(|d| d.health == api::HEALTHY)
-                        .count();
-                    let all = t.kubelet_devices().len();
-                    metrics.set_devices(healthy, all - healthy);
-                }
-                tokio::select! {
-                    () = &mut stop => return,
-                    changed = table.changed() => if changed.is_err() { return },
-                }
-            }
+    // One plugin per resource: GPU shares get the HAMi-core allocation, MIG devices none.
+    let states: Vec<(String, Arc<SharedState>)> = advertised
+        .resources
+        .iter()
+        .map(|r| {
+            let handler: Arc<dyn AllocateHandler> = if r.table.is_mig() {
+                Arc::new(MigAllocate)
+            } else {
+                Arc::clone(&allocate)
+            };
+            let state = SharedState::new(
+                r.table.clone(),
+                settings.preferred_allocation,
+                handler,
+                Arc::clone(&pending),
+            );
+            (r.resource_name.clone(), state)
         })
-    };
+        .collect();
+    let watched: Vec<String> = advertised
+        .resources
+        .iter()
+        .flat_map(|r| r.table.physical_gpus())
+        .collect();
+    let watched_gpus: Vec<Gpu> = found
+        .iter()
+        .filter(|g| watched.contains(&g.uuid))
+        .cloned()
+        .collect();
+    let (health_tx, health_rx) = mpsc::unbounded_channel();
+    if let Err(error) = inventory.watch_health(&watched_gpus, &policy, health_tx) {
+        stop_ops(stopping).await;
+        return Err(error.into());
+    }
+    spawn_health_updates_all(
+        states.iter().map(|(_, s)| Arc::clone(s)).collect(),
+        health_rx,
+    );
+
+    let devices_task = spawn_device_counts(&states, Arc::clone(&metrics), until_stopped);
+    // The HAMi scheduler schedules resourceCountName: the node annotation lists that resource's
+    // devices (with `single` and every GPU in MIG mode, the MIG devices under nvidia.com/gpu),
+    // and none under `mixed` when every GPU is in MIG mode (HAMi's MIG plugins would each
+    // overwrite the annotation with their own devices).
+    let registered = states
+        .iter()
+        .find(|(name, _)| *name == settings.resource_name)
+        .map(|(_, state)| state.table.subscribe());
+    let (_no_devices, unregistered) = watch::channel(DeviceTable::shares(
+        Vec::new(),
+        settings.split_count,
+        settings.numa_topology,
+    ));
     let register_task = client.map(|client| {
         let config = NodeRegisterConfig {
             node_name,
@@ -440,29 +604,159 @@ pub async fn run_with_options(
             retry,
             scaling: settings.scaling(),
         };
-        let table = state.table.subscribe();
+        let table = registered.unwrap_or(unregistered);
         let metrics = Arc::clone(&metrics);
         let stop = until_stopped();
         tokio::spawn(async move {
             node_register::run_node_register_observed(client, config, table, &metrics, stop).await;
         })
     });
-    let mut lifecycle = Lifecycle::new(&args.kubelet_dir, &settings.resource_name);
-    lifecycle.watch_interval = Duration::from_millis(args.kubelet_watch_ms.max(10));
-    let result = plugin::serve_observed(lifecycle, state, &metrics, &readiness, shutdown).await;
+
+    let (plugins_stop, plugins_stopped) = watch::channel(false);
+    let mut others = Vec::new();
+    let mut serving = Vec::new();
+    for (i, (resource, state)) in states.iter().enumerate() {
+        let mut lifecycle = Lifecycle::new(&args.kubelet_dir, resource);
+        lifecycle.watch_interval = watch_interval;
+        let ready = if i == 0 {
+            readiness.clone()
+        } else {
+            let own = Readiness::new(&[plugin::READY_REGISTERED]);
+            others.push(own.clone());
+            own
+        };
+        let mut stop = plugins_stopped.clone();
+        let state = Arc::clone(state);
+        let metrics = Arc::clone(&metrics);
+        serving.push(async move {
+            plugin::serve_observed(lifecycle, state, &metrics, &ready, async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+        });
+    }
+    probes.set_plugins(
+        states
+            .iter()
+            .map(|(resource, _)| args.kubelet_dir.join(plugin::socket_name(resource)))
+            .collect(),
+        others,
+    );
+    probes.set_waiting(false);
+    let serving = futures::future::try_join_all(serving);
+    tokio::pin!(serving);
+    let result = tokio::select! {
+        result = &mut serving => result,
+        () = &mut shutdown => {
+            let _ = plugins_stop.send(true);
+            serving.await
+        }
+    };
+    let _ = plugins_stop.send(true);
     let _ = stopping.send(true);
     if let Some(task) = register_task {
         let _ = task.await;
     }
     let _ = devices_task.await;
-    if let Some(task) = ops_task {
-        match task.await {
-            Ok(Err(error)) => tracing::warn!(%error, "metrics server ended with an error"),
-            Err(error) => tracing::warn!(%error, "metrics server task failed"),
-            Ok(Ok(())) => {}
-        }
+    stop_ops(stopping).await;
+    result.map(|_| ()).map_err(AppError::from)
+}
+
+/// The identity (device, inode) of a file, to tell a recreated `kubelet.sock` from the one seen.
+fn plugin_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// What `/readyz` probes beyond the first plugin's registration: every plugin socket present,
+/// the other resources' plugins registered; or, while waiting for GPUs, nothing (the plugin is
+/// where it should be, and a DaemonSet rollout must not stall on a node without GPUs).
+#[derive(Debug, Default)]
+struct ReadinessProbes {
+    waiting: std::sync::atomic::AtomicBool,
+    plugins: std::sync::OnceLock<(Vec<std::path::PathBuf>, Vec<Readiness>)>,
+}
+
+impl ReadinessProbes {
+    fn set_waiting(&self, waiting: bool) {
+        self.waiting
+            .store(waiting, std::sync::atomic::Ordering::Release);
     }
-    result.map_err(AppError::from)
+
+    fn set_plugins(&self, sockets: Vec<std::path::PathBuf>, others: Vec<Readiness>) {
+        let _ = self.plugins.set((sockets, others));
+    }
+
+    fn sockets_ready(&self) -> bool {
+        if self.waiting.load(std::sync::atomic::Ordering::Acquire) {
+            return true;
+        }
+        self.plugins.get().is_some_and(|(sockets, others)| {
+            sockets.iter().all(|s| s.exists()) && others.iter().all(Readiness::is_ready)
+        })
+    }
+}
+
+/// Keeps the device gauges current over every resource's table.
+fn spawn_device_counts<F, Fut>(
+    states: &[(String, Arc<SharedState>)],
+    metrics: Arc<Metrics>,
+    until_stopped: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut tables: Vec<watch::Receiver<DeviceTable>> =
+        states.iter().map(|(_, s)| s.table.subscribe()).collect();
+    let stop = until_stopped();
+    tokio::spawn(async move {
+        tokio::pin!(stop);
+        loop {
+            let (mut healthy, mut all) = (0, 0);
+            for table in &mut tables {
+                let t = table.borrow_and_update();
+                let devices = t.kubelet_devices();
+                healthy += devices.iter().filter(|d| d.health == api::HEALTHY).count();
+                all += devices.len();
+            }
+            metrics.set_devices(healthy, all - healthy);
+            let changed =
+                futures::future::select_all(tables.iter_mut().map(|t| Box::pin(t.changed())));
+            tokio::select! {
+                () = &mut stop => return,
+                (changed, _, _) = changed => if changed.is_err() { return },
+            }
+        }
+    })
+}
+
+/// The inventory backend, the GPUs it listed, and what is advertised of them.
+type Discovered = (Box<dyn GpuInventory>, Vec<Gpu>, Advertised);
+
+/// Opens the inventory, lists the GPUs and decides what to advertise.
+fn discover(source: &SourceArgs, settings: &PluginSettings) -> Result<Discovered, AppError> {
+    let inventory = open_inventory(source)?;
+    let found = inventory.discover()?;
+    let advertised = advertise(found.clone(), &advertise_settings(source, settings))?;
+    Ok((inventory, found, advertised))
+}
+
+/// The settings of [`advertise`] from the flags and the device config.
+pub fn advertise_settings<'a>(
+    source: &SourceArgs,
+    settings: &'a PluginSettings,
+) -> AdvertiseSettings<'a> {
+    AdvertiseSettings {
+        resource_name: &settings.resource_name,
+        filter: &settings.filter,
+        split_count: settings.split_count,
+        numa_topology: settings.numa_topology,
+        mig_strategy: source.mig_strategy,
+        pre_configured_memory_mib: settings.nvidia.pre_configured_device_memory,
+    }
 }
 
 /// The `Allocate` handler `run` installs: the [`executor::Allocator`] with its settings from the

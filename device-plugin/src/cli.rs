@@ -203,6 +203,26 @@ pub struct SourceArgs {
     /// Attach each GPU's NUMA node to the kubelet devices (for the topology manager).
     #[arg(long = "enable-numa-topology", env = "HAMI_ENABLE_NUMA_TOPOLOGY")]
     pub numa_topology: bool,
+    /// Static MIG (HAMi's MIG_STRATEGY): `none` (MIG ignored: every GPU split into shares),
+    /// `single` (every GPU's MIG devices, all of one profile, under nvidia.com/gpu), `mixed`
+    /// (each MIG device under nvidia.com/mig-<profile>, other GPUs shared). MIG devices get no
+    /// HAMi-core.
+    #[arg(
+        long = "mig-strategy",
+        env = crate::mig::ENV_MIG_STRATEGY,
+        default_value = "none",
+        value_parser = parse_mig_strategy,
+        value_name = "STRATEGY"
+    )]
+    pub mig_strategy: crate::mig::MigStrategy,
+}
+
+/// An empty value (a variable set to "") is the default, as urfave/cli reads HAMi's variables.
+fn parse_mig_strategy(value: &str) -> Result<crate::mig::MigStrategy, String> {
+    if value.is_empty() {
+        return Ok(crate::mig::MigStrategy::default());
+    }
+    value.parse()
 }
 
 /// `run` flags.
@@ -252,6 +272,50 @@ pub struct RunArgs {
     /// Allocation: hook path, collector of dead pods' files.
     #[command(flatten)]
     pub allocate: AllocateArgs,
+    /// GPU start-up and health (HAMi's names).
+    #[command(flatten)]
+    pub gpu: GpuRunArgs,
+}
+
+/// `run`'s GPU start-up and health flags, named as HAMi v2.10's `cmd/device-plugin/nvidia/main.go`
+/// and `rm/health.go` name them.
+#[derive(Debug, Clone, Args)]
+pub struct GpuRunArgs {
+    /// With NVML unavailable (no driver, no libnvidia-ml.so.1): `true` exits with an error,
+    /// `false` waits, advertising nothing, until SIGTERM ("No devices found. Waiting
+    /// indefinitely."), as HAMi's FAIL_ON_INIT_ERROR. A node with no usable GPU waits either way.
+    #[arg(
+        long = "fail-on-init-error",
+        env = "FAIL_ON_INIT_ERROR",
+        default_value = "true",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = parse_go_bool,
+        value_name = "BOOL"
+    )]
+    pub fail_on_init_error: bool,
+    /// `all` (or `xids`) turns the Xid health checks off; else Xids (comma-separated) that do
+    /// not make a GPU unhealthy, beyond the application Xids 13, 31, 43, 45, 68, 109.
+    #[arg(long = "disable-healthchecks", env = crate::health::ENV_DISABLE_HEALTHCHECKS, value_name = "XIDS")]
+    pub disable_healthchecks: Option<String>,
+    /// Xids (comma-separated, or `all`) that make a GPU unhealthy even when ignored by default
+    /// or by DP_DISABLE_HEALTHCHECKS.
+    #[arg(long = "enable-healthchecks", env = crate::health::ENV_ENABLE_HEALTHCHECKS, value_name = "XIDS")]
+    pub enable_healthchecks: Option<String>,
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it (urfave/cli's flags and variables); an empty
+/// value is the default (`true`), as urfave/cli skips an empty variable.
+fn parse_go_bool(value: &str) -> Result<bool, String> {
+    match value {
+        "" => Ok(true),
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        other => Err(format!(
+            "FAIL_ON_INIT_ERROR (--fail-on-init-error) {other:?} is not a boolean: expected true or false (also 1, t, T, TRUE, True, 0, f, F, FALSE, False)"
+        )),
+    }
 }
 
 /// Default of `--metrics-listen`. Not 9394: HAMi's vGPU monitor serves its metrics there, in the

@@ -1,11 +1,13 @@
-//! The devices advertised to kubelet: each GPU split into `deviceSplitCount` shares
-//! `<uuid>-0 … <uuid>-(n-1)`, with the GPU's health and, when enabled, its NUMA node.
+//! The devices advertised to kubelet, per extended resource: each GPU split into
+//! `deviceSplitCount` shares `<uuid>-0 … <uuid>-(n-1)`, or (static MIG) each MIG device once,
+//! under its own UUID; with their health and NUMA node. [`advertise`] is the decision: which
+//! device goes under which resource for the `MIG_STRATEGY`, which is left out and why.
 
 use serde::Serialize;
 
 use crate::api::{self, v1beta1};
 use crate::inventory::{DeviceFilter, Gpu};
-
+use crate::mig::{MigProfile, MigStrategy, SINGLE_RESOURCE};
 /// Why a GPU found on the node is not advertised.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -39,18 +41,27 @@ fn describe_skipped(skipped: &[SkippedGpu]) -> String {
     format!(", all left out: {}", parts.join("; "))
 }
 
-/// The GPUs this plugin advertises and how they are split.
+/// The devices of one resource: GPUs split into shares, or MIG devices advertised whole.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceTable {
+    /// What is advertised: GPUs, or MIG devices in the shape of a GPU (UUID `MIG-…`, the MIG
+    /// device's memory, its GPU's index, minor and NUMA node, name `<GPU name> MIG <profile>`).
     gpus: Vec<Gpu>,
+    /// The physical GPU of each entry (itself for a GPU): health events name physical GPUs.
+    parents: Vec<String>,
     split_count: u32,
     numa_topology: bool,
+    /// MIG devices: each advertised once, under its UUID.
+    whole: bool,
 }
 
+/// The memory reason a GPU is left out.
+const NO_MEMORY: &str = "NVML reports no memory for this GPU (unified memory, e.g. GB10) and preConfiguredDeviceMemory is not set: set nvidia.preConfiguredDeviceMemory (or the node's preconfigureddevicememory) to its memory in MiB";
+
 impl DeviceTable {
-    /// Applies the node's device filter and leaves out MIG-enabled GPUs (their slices are not
-    /// shared through HAMi-core). Returns the table and what was left out; an empty table is an
-    /// error.
+    /// GPUs split into shares (`MIG_STRATEGY=none`): the node's device filter applied, GPUs
+    /// without memory left out (see [`advertise`] for `preConfiguredDeviceMemory`). Returns the
+    /// table and what was left out; an empty table is an error.
     pub fn build(
         found: Vec<Gpu>,
         filter: &DeviceFilter,
@@ -62,18 +73,14 @@ impl DeviceTable {
         let mut skipped = Vec::new();
         for gpu in found {
             let reason = if filter.excludes(&gpu) {
-                Some("excluded by filterdevices in the node config")
-            } else if gpu.mig_enabled {
-                Some("MIG mode is enabled; MIG GPUs are not shared through HAMi-core")
+                Some(FILTERED)
+            } else if gpu.memory_mib == 0 {
+                Some(NO_MEMORY)
             } else {
                 None
             };
             match reason {
-                Some(reason) => skipped.push(SkippedGpu {
-                    uuid: gpu.uuid,
-                    index: gpu.index,
-                    reason: reason.to_owned(),
-                }),
+                Some(reason) => skipped.push(SkippedGpu::new(&gpu.uuid, gpu.index, reason)),
                 None => gpus.push(gpu),
             }
         }
@@ -83,24 +90,58 @@ impl DeviceTable {
                 skipped,
             });
         }
-        Ok((
-            Self {
-                gpus,
-                split_count: split_count.max(1),
-                numa_topology,
-            },
-            skipped,
-        ))
+        Ok((Self::shares(gpus, split_count, numa_topology), skipped))
     }
 
-    /// The advertised GPUs, in index order.
+    /// GPUs split into `split_count` shares each.
+    pub fn shares(gpus: Vec<Gpu>, split_count: u32, numa_topology: bool) -> Self {
+        Self {
+            parents: gpus.iter().map(|g| g.uuid.clone()).collect(),
+            gpus,
+            split_count: split_count.max(1),
+            numa_topology,
+            whole: false,
+        }
+    }
+
+    /// MIG devices (as GPU-shaped entries, each with its physical GPU's UUID), advertised once
+    /// each, with their NUMA node whenever it is known (HAMi's `GetPluginDevices` does not ask
+    /// the NUMA setting for MIG devices).
+    pub fn whole(devices: Vec<(Gpu, String)>) -> Self {
+        let (gpus, parents) = devices.into_iter().unzip();
+        Self {
+            gpus,
+            parents,
+            split_count: 1,
+            numa_topology: true,
+            whole: true,
+        }
+    }
+
+    /// The advertised entries, in order: GPUs, or MIG devices in the shape of a GPU.
     pub fn gpus(&self) -> &[Gpu] {
         &self.gpus
     }
 
-    /// Shares per GPU.
+    /// The physical GPUs behind the entries, each once, in order.
+    pub fn physical_gpus(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for parent in &self.parents {
+            if !out.contains(parent) {
+                out.push(parent.clone());
+            }
+        }
+        out
+    }
+
+    /// Shares per GPU (1 for MIG devices).
     pub fn split_count(&self) -> u32 {
         self.split_count
+    }
+
+    /// Whether the entries are MIG devices, advertised whole.
+    pub fn is_mig(&self) -> bool {
+        self.whole
     }
 
     /// The list sent on `ListAndWatch`.
@@ -118,6 +159,14 @@ impl DeviceTable {
                 }),
                 _ => None,
             };
+            if self.whole {
+                devices.push(v1beta1::Device {
+                    id: gpu.uuid.clone(),
+                    health: health.to_owned(),
+                    topology,
+                });
+                continue;
+            }
             for share in 0..self.split_count {
                 devices.push(v1beta1::Device {
                     id: device_id(&gpu.uuid, share),
@@ -129,24 +178,258 @@ impl DeviceTable {
         devices
     }
 
-    /// Sets a GPU's health; returns whether anything changed.
+    /// Sets the health of the entry with this UUID, or of every entry on the physical GPU with
+    /// this UUID; returns whether anything changed.
     pub fn set_health(&mut self, uuid: &str, healthy: bool) -> bool {
-        match self.gpus.iter_mut().find(|g| g.uuid == uuid) {
-            Some(gpu) if gpu.healthy != healthy => {
+        let mut changed = false;
+        for (gpu, parent) in self.gpus.iter_mut().zip(&self.parents) {
+            if (gpu.uuid == uuid || parent == uuid) && gpu.healthy != healthy {
                 gpu.healthy = healthy;
-                true
+                changed = true;
             }
-            _ => false,
         }
+        changed
     }
 
-    /// The GPU behind a kubelet device ID, if it is one of ours.
+    /// The entry behind a kubelet device ID, if it is one of ours.
     pub fn gpu_of(&self, device_id: &str) -> Option<&Gpu> {
+        if self.whole {
+            return self.gpus.iter().find(|g| g.uuid == device_id);
+        }
         let (uuid, share) = split_device_id(device_id)?;
         self.gpus
             .iter()
             .find(|g| g.uuid == uuid && share < self.split_count)
     }
+}
+
+const FILTERED: &str = "excluded by filterdevices in the node config";
+
+impl SkippedGpu {
+    fn new(uuid: &str, index: u32, reason: &str) -> Self {
+        Self {
+            uuid: uuid.to_owned(),
+            index,
+            reason: reason.to_owned(),
+        }
+    }
+}
+
+/// What [`advertise`] needs from the settings.
+#[derive(Debug, Clone, Copy)]
+pub struct AdvertiseSettings<'a> {
+    /// `resourceCountName`: the resource of GPUs split into shares.
+    pub resource_name: &'a str,
+    /// `filterdevices` of the node's entry.
+    pub filter: &'a DeviceFilter,
+    /// `deviceSplitCount`.
+    pub split_count: u32,
+    /// NUMA topology on GPU shares (`--enable-numa-topology`).
+    pub numa_topology: bool,
+    /// `MIG_STRATEGY`.
+    pub mig_strategy: MigStrategy,
+    /// `preConfiguredDeviceMemory` MiB (0: unset).
+    pub pre_configured_memory_mib: u64,
+}
+
+/// One extended resource and its devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdvertisedResource {
+    /// E.g. `nvidia.com/gpu`, `nvidia.com/mig-1g.18gb`.
+    pub resource_name: String,
+    /// Its devices (never empty).
+    pub table: DeviceTable,
+}
+
+/// What the node advertises.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Advertised {
+    /// The resources with at least one device: `resourceCountName` first, then MIG resources
+    /// by name. Empty when nothing is usable.
+    pub resources: Vec<AdvertisedResource>,
+    /// GPUs and MIG devices left out, with the reason.
+    pub skipped: Vec<SkippedGpu>,
+    /// How many GPUs the inventory reported.
+    pub found: usize,
+}
+
+impl Advertised {
+    /// The resource named `name`, if advertised.
+    pub fn resource(&self, name: &str) -> Option<&AdvertisedResource> {
+        self.resources.iter().find(|r| r.resource_name == name)
+    }
+
+    /// Nothing to advertise, as an error (for `inventory`).
+    pub fn no_gpu(&self) -> NoGpuError {
+        NoGpuError {
+            found: self.found,
+            skipped: self.skipped.clone(),
+        }
+    }
+}
+
+/// A MIG layout HAMi refuses to start with (its `assertAllMigDevicesAreValid` and resource
+/// patterns), naming the GPU or the MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("MIG_STRATEGY={strategy}: {message}")]
+pub struct MigLayoutError {
+    /// The strategy.
+    pub strategy: MigStrategy,
+    /// What is wrong and what would do.
+    pub message: String,
+}
+
+fn mig_entry(gpu: &Gpu, mig: &crate::inventory::MigDevice) -> (Gpu, String) {
+    (
+        Gpu {
+            uuid: mig.uuid.clone(),
+            index: gpu.index,
+            minor: gpu.minor,
+            name: format!("{} MIG {}", gpu.name, mig.profile),
+            memory_mib: mig.memory_mib,
+            numa_node: gpu.numa_node,
+            mig_enabled: true,
+            healthy: gpu.healthy && mig.healthy,
+            mig_devices: Vec::new(),
+        },
+        gpu.uuid.clone(),
+    )
+}
+
+/// Which device goes under which resource, as HAMi v2.10 builds its device map
+/// (`rm/device_map.go` `buildDeviceMapFromConfigResources`, then `NewNVMLResourceManagers`'
+/// filter, then `getAPIDevices`' memory fallback):
+///
+/// - `none`: every GPU, MIG mode or not, split into shares under `resourceCountName`;
+/// - `single`: with any MIG-enabled GPU, every GPU must be MIG-enabled with at least one MIG
+///   device, all of one profile; the MIG devices go under `nvidia.com/gpu`; else as `none`;
+/// - `mixed`: GPUs without MIG mode as `none`; each MIG device under
+///   `nvidia.com/mig-<profile>`; a MIG-enabled GPU without MIG devices is left out.
+///
+/// The checks see every GPU; then `filterdevices` leaves out GPUs (by UUID or index) and MIG
+/// devices (by UUID only, as HAMi); then a GPU with no memory takes `preConfiguredDeviceMemory`
+/// or is left out. Resources left with no device are not advertised.
+pub fn advertise(
+    found: Vec<Gpu>,
+    settings: &AdvertiseSettings<'_>,
+) -> Result<Advertised, MigLayoutError> {
+    let strategy = settings.mig_strategy;
+    let refuse = |message: String| MigLayoutError { strategy, message };
+    let total = found.len();
+    let mut skipped = Vec::new();
+    let mut whole_gpus: Vec<Gpu> = Vec::new();
+    let mut mig: Vec<(String, (Gpu, String))> = Vec::new();
+    let mig_aware = strategy != MigStrategy::None;
+    let mut without_slices: Vec<Gpu> = Vec::new();
+    for gpu in found {
+        if !(mig_aware && gpu.mig_enabled) {
+            whole_gpus.push(gpu);
+            continue;
+        }
+        if gpu.mig_devices.is_empty() {
+            without_slices.push(gpu);
+            continue;
+        }
+        for device in &gpu.mig_devices {
+            let profile = MigProfile::parse(&device.profile)
+                .map_err(|e| refuse(format!("MIG device {}: {e}", device.uuid)))?;
+            let resource = match strategy {
+                MigStrategy::Mixed => profile
+                    .mixed_resource_name()
+                    .map_err(|e| refuse(format!("MIG device {}: {e}", device.uuid)))?,
+                _ => SINGLE_RESOURCE.to_owned(),
+            };
+            mig.push((resource, mig_entry(&gpu, device)));
+        }
+    }
+    // HAMi's `assertAllMigDevicesAreValid`: a MIG-enabled GPU without slices (an error with
+    // `single`, left out with `mixed`), then, with `single`, one kind of slice only; then
+    // `single` refuses GPUs with and without MIG mode side by side.
+    for gpu in without_slices {
+        if strategy == MigStrategy::Single {
+            return Err(refuse(format!(
+                "GPU {} (index {}) is in MIG mode but has no MIG devices configured: create its MIG devices (nvidia-smi mig -cgi ... -C), or disable MIG mode on it",
+                gpu.uuid, gpu.index
+            )));
+        }
+        skipped.push(SkippedGpu::new(
+            &gpu.uuid,
+            gpu.index,
+            "MIG mode is enabled but no MIG device is configured on it",
+        ));
+    }
+    if strategy == MigStrategy::Single {
+        if let Some((_, (first, _))) = mig.first()
+            && let Some((_, (other, _))) = mig
+                .iter()
+                .find(|(_, (m, _))| m.name != first.name || m.memory_mib != first.memory_mib)
+        {
+            return Err(refuse(format!(
+                "more than one MIG device type on the node: {} is {} MiB ({}), {} is {} MiB ({}); use MIG_STRATEGY=mixed, or slice every GPU alike",
+                first.uuid, first.memory_mib, first.name, other.uuid, other.memory_mib, other.name
+            )));
+        }
+        if let (Some(plain), Some((_, (_, parent)))) = (whole_gpus.first(), mig.first()) {
+            return Err(refuse(format!(
+                "GPU {} is not in MIG mode but GPU {parent} is: all GPUs of the node must have the same MIG mode; use MIG_STRATEGY=mixed",
+                plain.uuid
+            )));
+        }
+    }
+
+    // The node's filter, then the memory fallback (HAMi's order).
+    let mut shares = Vec::new();
+    for mut gpu in whole_gpus {
+        if settings.filter.excludes(&gpu) {
+            skipped.push(SkippedGpu::new(&gpu.uuid, gpu.index, FILTERED));
+            continue;
+        }
+        if gpu.memory_mib == 0 {
+            if settings.pre_configured_memory_mib == 0 {
+                skipped.push(SkippedGpu::new(&gpu.uuid, gpu.index, NO_MEMORY));
+                continue;
+            }
+            gpu.memory_mib = settings.pre_configured_memory_mib;
+        }
+        shares.push(gpu);
+    }
+    let mut resources = Vec::new();
+    if !shares.is_empty() {
+        resources.push(AdvertisedResource {
+            resource_name: settings.resource_name.to_owned(),
+            table: DeviceTable::shares(shares, settings.split_count, settings.numa_topology),
+        });
+    }
+    let mut by_resource: std::collections::BTreeMap<String, Vec<(Gpu, String)>> =
+        std::collections::BTreeMap::new();
+    for (resource, (entry, parent)) in mig {
+        if settings.filter.excludes_mig(&entry.uuid) {
+            skipped.push(SkippedGpu::new(&entry.uuid, entry.index, FILTERED));
+            continue;
+        }
+        by_resource
+            .entry(resource)
+            .or_default()
+            .push((entry, parent));
+    }
+    for (resource_name, devices) in by_resource {
+        if resources.iter().any(|r| r.resource_name == resource_name) {
+            // Only a resourceCountName spelt like a MIG resource can get here: `single` refuses
+            // GPUs with and without MIG mode side by side.
+            return Err(refuse(format!(
+                "resourceCountName {resource_name} is also the resource of MIG devices: rename it"
+            )));
+        }
+        resources.push(AdvertisedResource {
+            resource_name,
+            table: DeviceTable::whole(devices),
+        });
+    }
+    Ok(Advertised {
+        resources,
+        skipped,
+        found: total,
+    })
 }
 
 /// The kubelet device ID of one share of a GPU.
@@ -177,6 +460,7 @@ mod tests {
             numa_node: Some(1),
             mig_enabled: false,
             healthy: true,
+            mig_devices: Vec::new(),
         }
     }
 
@@ -214,32 +498,78 @@ mod tests {
     }
 
     #[test]
-    fn filter_and_mig_are_left_out_and_empty_is_an_error() {
+    fn filtered_and_memoryless_gpus_are_left_out_and_empty_is_an_error() {
         let mut mig = gpu("GPU-m", 2);
         mig.mig_enabled = true;
+        let mut spark = gpu("GPU-s", 3);
+        spark.memory_mib = 0;
         let filter = DeviceFilter {
             uuids: vec!["GPU-a".into()],
             indices: vec![1],
         };
-        let err = DeviceTable::build(
-            vec![gpu("GPU-a", 0), gpu("GPU-b", 1), mig],
+        // `MIG_STRATEGY=none`: a MIG-enabled GPU is a GPU like any other, as in HAMi.
+        let (table, skipped) = DeviceTable::build(
+            vec![gpu("GPU-a", 0), gpu("GPU-b", 1), mig.clone(), spark.clone()],
             &filter,
             2,
             false,
         )
-        .unwrap_err();
-        assert_eq!(err.found, 3);
-        assert_eq!(err.skipped.len(), 3);
+        .unwrap();
+        assert_eq!(table.gpus().len(), 1);
+        assert_eq!(table.gpus()[0].uuid, "GPU-m");
+        assert_eq!(skipped.len(), 3);
+        assert!(
+            skipped[2].reason.contains("preConfiguredDeviceMemory"),
+            "{skipped:?}"
+        );
+        let err = DeviceTable::build(vec![gpu("GPU-a", 0), gpu("GPU-b", 1)], &filter, 2, false)
+            .unwrap_err();
+        assert_eq!(err.found, 2);
         let text = err.to_string();
         assert!(
             text.starts_with(
-                "no GPU to advertise: 3 found, all left out: GPU-a (index 0): excluded"
+                "no GPU to advertise: 2 found, all left out: GPU-a (index 0): excluded"
             ),
             "{text}"
         );
-        assert!(text.contains("MIG mode is enabled"), "{text}");
         let err = DeviceTable::build(vec![], &DeviceFilter::default(), 2, false).unwrap_err();
         assert_eq!(err.to_string(), "no GPU to advertise: 0 found");
+    }
+
+    #[test]
+    fn mig_devices_are_whole_and_follow_their_gpus_health() {
+        let parent = gpu("GPU-p", 0);
+        let entry = |uuid: &str| {
+            let mut g = gpu(uuid, 0);
+            g.mig_enabled = true;
+            (g, parent.uuid.clone())
+        };
+        let mut table = DeviceTable::whole(vec![entry("MIG-1"), entry("MIG-2")]);
+        assert!(table.is_mig());
+        let ids: Vec<String> = table.kubelet_devices().into_iter().map(|d| d.id).collect();
+        assert_eq!(ids, ["MIG-1", "MIG-2"]);
+        assert_eq!(
+            table.gpu_of("MIG-2").map(|g| g.uuid.as_str()),
+            Some("MIG-2")
+        );
+        assert!(table.gpu_of("MIG-2-0").is_none());
+        // One MIG device, by its UUID; then every device of the GPU, by the GPU's.
+        assert!(table.set_health("MIG-1", false));
+        let health: Vec<String> = table
+            .kubelet_devices()
+            .into_iter()
+            .map(|d| d.health)
+            .collect();
+        assert_eq!(health, ["Unhealthy", "Healthy"]);
+        assert!(table.set_health("GPU-p", false));
+        assert!(
+            table
+                .kubelet_devices()
+                .iter()
+                .all(|d| d.health == "Unhealthy")
+        );
+        assert!(!table.set_health("GPU-other", true));
+        assert_eq!(table.physical_gpus(), ["GPU-p"]);
     }
 
     #[test]

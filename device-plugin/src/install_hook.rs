@@ -303,6 +303,8 @@ pub enum NoNodeGpus {
     NvmlUnavailable(String),
     /// The source lists no GPU.
     NoGpu(GpuSource),
+    /// No GPU the source lists reports its memory (unified memory, e.g. GB10).
+    NoMemory(GpuSource),
 }
 
 impl fmt::Display for NoNodeGpus {
@@ -322,6 +324,10 @@ impl fmt::Display for NoNodeGpus {
             Self::NoGpu(source) => {
                 write!(f, "the {source} lists no GPU: list the node's GPUs in it")
             }
+            Self::NoMemory(source) => write!(
+                f,
+                "no GPU of the {source} reports its memory (unified memory, e.g. GB10): a fraction of it has no size"
+            ),
         }?;
         f.write_str(
             "; until then the preload library keeps the admission-time memory cap of KAI \
@@ -373,6 +379,15 @@ pub fn plan_node_gpus(path: &Path, listing: GpuListing) -> Result<NodeGpusPlan, 
         return Ok(NodeGpusPlan::Withdraw {
             path,
             reason: NoNodeGpus::NoGpu(from),
+        });
+    }
+    // A GPU that reports no memory (unified memory, e.g. GB10) has no size to take a fraction
+    // of: left out, so that the preload library keeps the admission-time cap for it.
+    let gpus: Vec<Gpu> = gpus.into_iter().filter(|g| g.memory_mib > 0).collect();
+    if gpus.is_empty() {
+        return Ok(NodeGpusPlan::Withdraw {
+            path,
+            reason: NoNodeGpus::NoMemory(from),
         });
     }
     let mut node = NodeGpus::new();

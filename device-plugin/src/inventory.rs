@@ -9,6 +9,9 @@ use hami_shared::names::MAX_GPU_MINOR;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
+use crate::health::HealthCheckPolicy;
+pub use crate::health::HealthEvent;
+
 /// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
 pub const ENV_INVENTORY: &str = "HAMI_INVENTORY";
 
@@ -25,7 +28,8 @@ pub struct Gpu {
     pub minor: u32,
     /// NVML product name, e.g. `NVIDIA H200`.
     pub name: String,
-    /// Total framebuffer memory in MiB (bytes / 1024²).
+    /// Total framebuffer memory in MiB (bytes / 1024²); 0 when the GPU reports none (unified
+    /// memory, such as the GB10): `preConfiguredDeviceMemory` then stands in for it.
     pub memory_mib: u64,
     /// NUMA node of the PCI device, when the platform reports one.
     pub numa_node: Option<i64>,
@@ -33,17 +37,23 @@ pub struct Gpu {
     pub mig_enabled: bool,
     /// False after a critical Xid error (NVML) or when the inventory file says so.
     pub healthy: bool,
+    /// The GPU's MIG devices (static MIG), when MIG mode is enabled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
 }
 
-/// A change of one GPU's health.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthEvent {
-    /// The GPU's UUID.
+/// One MIG device (a GPU instance with its compute instance) of a MIG-enabled GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDevice {
+    /// NVML UUID, `MIG-…`: the kubelet device ID and the container's `NVIDIA_VISIBLE_DEVICES`.
     pub uuid: String,
-    /// Its new health.
+    /// The profile, e.g. `1g.18gb` (go-nvlib's name; `nvidia.com/mig-<profile>` under `mixed`).
+    pub profile: String,
+    /// Its memory in MiB.
+    pub memory_mib: u64,
+    /// False after a critical Xid on its GPU, or when the inventory file says so.
     pub healthy: bool,
-    /// Why, for the log (an Xid number, the inventory file).
-    pub reason: String,
 }
 
 /// Errors finding GPUs.
@@ -102,11 +112,13 @@ pub trait GpuInventory: Send + Sync + std::fmt::Debug {
     /// The GPUs present now, in index order.
     fn discover(&self) -> Result<Vec<Gpu>, InventoryError>;
 
-    /// Starts watching GPU health in the background; every change is sent on `events`. The watch
-    /// stops when the receiver is dropped.
+    /// Starts watching the health of `gpus` (and of their MIG devices) in the background; every
+    /// change is sent on `events`, naming the GPU or the MIG device. The watch stops when the
+    /// receiver is dropped. With `policy` disabling every check nothing is watched.
     fn watch_health(
         &self,
         gpus: &[Gpu],
+        policy: &HealthCheckPolicy,
         events: mpsc::UnboundedSender<HealthEvent>,
     ) -> Result<(), InventoryError>;
 }
@@ -120,13 +132,75 @@ struct FileGpu {
     index: Option<u32>,
     minor: Option<u32>,
     name: String,
-    memory_mib: u64,
+    #[serde(default)]
+    memory_mib: Option<u64>,
     #[serde(default)]
     numa_node: Option<i64>,
     #[serde(default)]
     mig_enabled: bool,
     #[serde(default = "default_true")]
     healthy: bool,
+    #[serde(default)]
+    mig_devices: Vec<FileMigDevice>,
+}
+
+/// One entry of a GPU's `migDevices`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileMigDevice {
+    uuid: String,
+    profile: String,
+    memory_mib: u64,
+    #[serde(default = "default_true")]
+    healthy: bool,
+}
+
+/// Longest MIG UUID we accept (`MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`).
+const MAX_MIG_UUID_LEN: usize = 80;
+
+fn mig_devices(
+    gpu_uuid: &str,
+    mig_enabled: bool,
+    entries: Vec<FileMigDevice>,
+    seen: &mut Vec<String>,
+) -> Result<Vec<MigDevice>, String> {
+    if !entries.is_empty() && !mig_enabled {
+        return Err(
+            "migDevices is set but migEnabled is not true: a GPU has MIG devices only in MIG mode"
+                .to_owned(),
+        );
+    }
+    let mut out = Vec::with_capacity(entries.len());
+    for (j, entry) in entries.into_iter().enumerate() {
+        let at = |message: String| format!("migDevices[{j}] ({:?}): {message}", entry.uuid);
+        let uuid_ok = entry.uuid.starts_with("MIG-")
+            && entry.uuid.len() <= MAX_MIG_UUID_LEN
+            && entry
+                .uuid
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+        if !uuid_ok {
+            return Err(at(format!(
+                "uuid must start with MIG- and be at most {MAX_MIG_UUID_LEN} characters of letters, digits, '-', '_', '.', '/'"
+            )));
+        }
+        if entry.uuid == gpu_uuid || seen.contains(&entry.uuid) {
+            return Err(at("uuid appears twice".to_owned()));
+        }
+        let profile = crate::mig::MigProfile::parse(&entry.profile)
+            .map_err(|e| at(format!("profile {e}")))?;
+        if entry.memory_mib == 0 {
+            return Err(at("memoryMib must be a positive number of MiB".to_owned()));
+        }
+        seen.push(entry.uuid.clone());
+        out.push(MigDevice {
+            uuid: entry.uuid,
+            profile: profile.to_string(),
+            memory_mib: entry.memory_mib,
+            healthy: entry.healthy,
+        });
+    }
+    Ok(out)
 }
 
 fn default_true() -> bool {
@@ -143,10 +217,16 @@ const MAX_UUID_LEN: usize = 58;
 ///   index: 0            # optional, default: position in the list
 ///   minor: 0            # optional, default: the index; /dev/nvidia<minor>, 0..=254
 ///   name: NVIDIA H200
-///   memoryMib: 143771
+///   memoryMib: 143771   # optional: absent for a GPU that reports no memory (unified memory,
+///                       # e.g. GB10); preConfiguredDeviceMemory then stands in for it
 ///   numaNode: 0         # optional
 ///   migEnabled: false   # optional
 ///   healthy: true       # optional; edit to false while running to mark the GPU unhealthy
+///   migDevices:         # optional, with migEnabled: true: its static MIG devices
+///   - uuid: MIG-00000000-0000-0000-0000-000000000000
+///     profile: 1g.18gb
+///     memoryMib: 16384
+///     healthy: true     # optional, editable like the GPU's
 /// ```
 #[derive(Debug, Clone)]
 pub struct FileInventory {
@@ -202,9 +282,9 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
                 "uuid must be 1..={MAX_UUID_LEN} characters of letters, digits, '-', '_', '.'"
             )));
         }
-        if entry.memory_mib == 0 {
+        if entry.memory_mib == Some(0) {
             return Err(invalid(
-                "memoryMib must be a positive number of MiB".to_owned(),
+                "memoryMib must be a positive number of MiB (leave it out for a GPU that reports no memory)".to_owned(),
             ));
         }
         if entry.name.trim().is_empty() {
@@ -235,15 +315,33 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
                 other.uuid
             )));
         }
+        if gpus
+            .iter()
+            .any(|g: &Gpu| g.mig_devices.iter().any(|m| m.uuid == entry.uuid))
+        {
+            return Err(invalid("uuid appears twice".to_owned()));
+        }
+        let mut seen: Vec<String> = gpus
+            .iter()
+            .flat_map(|g: &Gpu| g.mig_devices.iter().map(|m| m.uuid.clone()))
+            .collect();
+        let migs = mig_devices(
+            &entry.uuid,
+            entry.mig_enabled,
+            entry.mig_devices.clone(),
+            &mut seen,
+        )
+        .map_err(invalid)?;
         gpus.push(Gpu {
             uuid: entry.uuid,
             index,
             minor,
             name: entry.name,
-            memory_mib: entry.memory_mib,
+            memory_mib: entry.memory_mib.unwrap_or(0),
             numa_node: entry.numa_node,
             mig_enabled: entry.mig_enabled,
             healthy: entry.healthy,
+            mig_devices: migs,
         });
     }
     gpus.sort_by_key(|g| g.index);
@@ -270,12 +368,15 @@ impl GpuInventory for FileInventory {
     fn watch_health(
         &self,
         gpus: &[Gpu],
+        policy: &HealthCheckPolicy,
         events: mpsc::UnboundedSender<HealthEvent>,
     ) -> Result<(), InventoryError> {
+        if policy.all_disabled() {
+            return Ok(());
+        }
         let path = self.path.clone();
         let poll = self.poll;
-        let mut known: Vec<(String, bool)> =
-            gpus.iter().map(|g| (g.uuid.clone(), g.healthy)).collect();
+        let mut known: Vec<(String, bool)> = health_of(gpus);
         tokio::spawn(async move {
             let mut ticker = tokio::time::interval(poll);
             ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -300,15 +401,16 @@ impl GpuInventory for FileInventory {
                         continue;
                     }
                 };
+                let now = health_of(&current);
                 for (uuid, healthy) in &mut known {
-                    let Some(gpu) = current.iter().find(|g| &g.uuid == uuid) else {
+                    let Some((_, current)) = now.iter().find(|(u, _)| u == uuid) else {
                         continue;
                     };
-                    if gpu.healthy != *healthy {
-                        *healthy = gpu.healthy;
+                    if current != healthy {
+                        *healthy = *current;
                         let event = HealthEvent {
                             uuid: uuid.clone(),
-                            healthy: gpu.healthy,
+                            healthy: *current,
                             reason: format!("inventory file {}", path.display()),
                         };
                         if events.send(event).is_err() {
@@ -320,6 +422,16 @@ impl GpuInventory for FileInventory {
         });
         Ok(())
     }
+}
+
+/// The health the file gives each GPU and each MIG device.
+fn health_of(gpus: &[Gpu]) -> Vec<(String, bool)> {
+    gpus.iter()
+        .flat_map(|g| {
+            std::iter::once((g.uuid.clone(), g.healthy))
+                .chain(g.mig_devices.iter().map(|m| (m.uuid.clone(), m.healthy)))
+        })
+        .collect()
 }
 
 /// GPUs the node config excludes (`filterdevices`), by UUID or by index.
@@ -335,6 +447,13 @@ impl DeviceFilter {
     /// Whether this GPU is excluded.
     pub fn excludes(&self, gpu: &Gpu) -> bool {
         self.uuids.iter().any(|u| u == &gpu.uuid) || self.indices.contains(&gpu.index)
+    }
+
+    /// Whether this MIG device is excluded: by its own UUID only (HAMi's
+    /// `FilterDeviceToRegister` gets the MIG index `"<gpu>:<mig>"`, which is no number, so
+    /// `index` never excludes a MIG device, nor does its GPU's UUID).
+    pub fn excludes_mig(&self, mig_uuid: &str) -> bool {
+        self.uuids.iter().any(|u| u == mig_uuid)
     }
 }
 

@@ -210,6 +210,7 @@ mod tests {
             numa_node: None,
             mig_enabled: false,
             healthy: true,
+            mig_devices: Vec::new(),
         }
     }
 

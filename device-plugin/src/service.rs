@@ -97,13 +97,32 @@ pub fn preferred_allocation(
     size: usize,
     wanted_uuids: &[String],
 ) -> Vec<String> {
+    preferred_allocation_of(available, must_include, size, wanted_uuids, false)
+}
+
+/// [`preferred_allocation`] over MIG devices too (`whole`: a device ID is the device's UUID,
+/// not `<uuid>-<share>`), so that with `MIG_STRATEGY=single` kubelet takes the MIG devices the
+/// HAMi scheduler chose, as HAMi's `GetPreferredAllocation` does.
+pub fn preferred_allocation_of(
+    available: &[String],
+    must_include: &[String],
+    size: usize,
+    wanted_uuids: &[String],
+    whole: bool,
+) -> Vec<String> {
     let mut chosen: Vec<String> = Vec::with_capacity(size);
     for id in must_include {
         if chosen.len() < size && !chosen.contains(id) {
             chosen.push(id.clone());
         }
     }
-    let uuid_of = |id: &str| split_device_id(id).map(|(uuid, _)| uuid.to_owned());
+    let uuid_of = |id: &str| {
+        if whole {
+            Some(id.to_owned())
+        } else {
+            split_device_id(id).map(|(uuid, _)| uuid.to_owned())
+        }
+    };
     for wanted in wanted_uuids {
         if chosen.len() >= size {
             break;
@@ -175,11 +194,24 @@ impl SharedState {
 /// Applies health events from an inventory's watch until the sender side is dropped.
 pub fn spawn_health_updates(
     state: Arc<SharedState>,
+    events: tokio::sync::mpsc::UnboundedReceiver<crate::inventory::HealthEvent>,
+) -> tokio::task::JoinHandle<()> {
+    spawn_health_updates_all(vec![state], events)
+}
+
+/// [`spawn_health_updates`] for several resources (static MIG): an event about a physical GPU
+/// reaches every resource with a device on it.
+pub fn spawn_health_updates_all(
+    states: Vec<Arc<SharedState>>,
     mut events: tokio::sync::mpsc::UnboundedReceiver<crate::inventory::HealthEvent>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(event) = events.recv().await {
-            if state.set_health(&event.uuid, event.healthy) {
+            let mut changed = false;
+            for state in &states {
+                changed |= state.set_health(&event.uuid, event.healthy);
+            }
+            if changed {
                 if event.healthy {
                     tracing::info!(gpu = %event.uuid, reason = %event.reason, "GPU healthy again");
                 } else {
@@ -257,15 +289,17 @@ impl DevicePlugin for DevicePluginService {
             tracing::warn!(error = %status.message(), "pending pod unknown; preferring the first available devices");
             Vec::new()
         });
+        let whole = self.state.table.borrow().is_mig();
         let container_responses = request
             .container_requests
             .iter()
             .map(|c| v1beta1::ContainerPreferredAllocationResponse {
-                device_i_ds: preferred_allocation(
+                device_i_ds: preferred_allocation_of(
                     &c.available_device_i_ds,
                     &c.must_include_device_i_ds,
                     usize::try_from(c.allocation_size).unwrap_or(0),
                     &wanted,
+                    whole,
                 ),
             })
             .collect();
@@ -330,5 +364,19 @@ mod tests {
             ids(&["GPU-b-1", "GPU-c-0"])
         );
         assert!(preferred_allocation(&available, &[], 0, &ids(&["GPU-a"])).is_empty());
+    }
+
+    #[test]
+    fn mig_devices_are_preferred_by_their_uuid() {
+        let available = ids(&["MIG-aaaa-0001", "MIG-aaaa-0002", "MIG-bbbb-0001"]);
+        assert_eq!(
+            preferred_allocation_of(&available, &[], 1, &ids(&["MIG-bbbb-0001"]), true),
+            ids(&["MIG-bbbb-0001"])
+        );
+        // Read as shares, `MIG-aaaa-0001` would be share 1 of `MIG-aaaa`.
+        assert_eq!(
+            preferred_allocation_of(&available, &[], 1, &ids(&["MIG-bbbb-0001"]), false),
+            ids(&["MIG-aaaa-0001"])
+        );
     }
 }

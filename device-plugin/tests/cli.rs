@@ -465,3 +465,211 @@ fn old_environment_names_work_with_a_deprecation_notice() {
     assert!(stderr.contains("--register-interval=0"), "{stderr}");
     assert!(!stderr.contains("deprecated"), "{stderr}");
 }
+
+/// A `run` whose stderr lines (JSON) arrive on a channel while it runs.
+struct Running {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<serde_json::Value>,
+    seen: Vec<serde_json::Value>,
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(args: &[&str], env: &[(&str, &str)], dir: tempfile::TempDir) -> Self {
+        let kubelet_dir = dir.path().join("device-plugins");
+        std::fs::create_dir_all(&kubelet_dir).unwrap();
+        let mut cmd = plugin();
+        cmd.args([
+            "--log-format",
+            "json",
+            "run",
+            "--skip-node-register",
+            "--kubelet-dir",
+        ])
+        .arg(&kubelet_dir)
+        .args(args)
+        .env("NODE_NAME", "node-a")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|_| serde_json::json!({ "message": line }));
+                if tx.send(value).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            seen: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    /// The first log line whose message is `message` (waiting for it).
+    fn wait_for(&mut self, message: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(line) = self.seen.iter().find(|l| l["message"] == message) {
+                return line.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => panic!("no {message:?} in {:#?}", self.seen),
+            }
+        }
+    }
+
+    fn count(&self, message: &str) -> usize {
+        self.seen.iter().filter(|l| l["message"] == message).count()
+    }
+
+    /// SIGTERM, then the exit status.
+    fn terminate(mut self) -> (std::process::ExitStatus, Vec<serde_json::Value>) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let status = self.child.wait().unwrap();
+        self.seen.extend(self.lines.try_iter());
+        (status, self.seen)
+    }
+}
+
+/// `GET path` on `addr`: (status code, body).
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (code, body)
+}
+
+/// No usable GPU: as HAMi ("No devices found. Waiting indefinitely."), the plugin stays up, says
+/// so once, answers its probes (alive and ready: a DaemonSet rollout must not stall on a node
+/// without GPUs), registers nothing, and exits 0 on SIGTERM.
+#[test]
+fn without_a_usable_gpu_the_plugin_waits_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_config = dir.path().join("config.json");
+    std::fs::write(
+        &node_config,
+        r#"{"nodeconfig":[{"name":"node-a","filterdevices":{"index":[0,1]}}]}"#,
+    )
+    .unwrap();
+    let inventory = inventory_file(dir.path(), INVENTORY);
+    let kubelet_dir = dir.path().join("device-plugins");
+    let mut run = Running::start(
+        &[
+            "--inventory",
+            inventory.to_str().unwrap(),
+            "--node-config",
+            node_config.to_str().unwrap(),
+        ],
+        &[],
+        dir,
+    );
+    let serving = run.wait_for("serving /healthz, /readyz, /metrics");
+    let addr = serving["addr"].as_str().unwrap().to_owned();
+    let waiting = run.wait_for("No devices found. Waiting indefinitely.");
+    assert_eq!(waiting["level"], "WARN");
+    let reason = waiting["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("no GPU to advertise: 2 found, all left out")
+            && reason.contains("excluded by filterdevices"),
+        "{reason}"
+    );
+    assert_eq!(http_get(&addr, "/healthz"), (200, "ok\n".to_owned()));
+    assert_eq!(http_get(&addr, "/readyz"), (200, "ready\n".to_owned()));
+    let (code, metrics) = http_get(&addr, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("hami_device_plugin_devices") && l.ends_with(" 0")),
+        "{metrics}"
+    );
+    // Still there a while later, having said it once, with no plugin socket.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(run.child.try_wait().unwrap().is_none(), "the plugin exited");
+    assert!(!kubelet_dir.join("nvidia-gpu.sock").exists());
+    assert_eq!(run.count("No devices found. Waiting indefinitely."), 1);
+    let (status, log) = run.terminate();
+    assert_eq!(status.code(), Some(0), "{log:#?}");
+    assert!(
+        log.iter()
+            .any(|l| l["message"] == "stopped while waiting for GPUs"),
+        "{log:#?}"
+    );
+}
+
+/// NVML unavailable: FAIL_ON_INIT_ERROR (default true) exits 1 naming the problem; `false`
+/// waits like a node without GPUs, as HAMi's `getResourceManagers`.
+#[test]
+fn fail_on_init_error_decides_between_exiting_and_waiting_without_nvml() {
+    let nvml = hami_device_plugin::nvml::NvmlInventory::init().is_ok();
+    if !nvml {
+        let out = plugin()
+            .args(["run", "--skip-node-register", "--metrics-listen", "off"])
+            .env("NODE_NAME", "node-a")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("NVML is not available"), "{err}");
+    }
+    for waiting in [&[("FAIL_ON_INIT_ERROR", "false")][..], &[][..]] {
+        let args: &[&str] = if waiting.is_empty() {
+            &["--fail-on-init-error=false"]
+        } else {
+            &[]
+        };
+        let mut run = Running::start(args, waiting, tempfile::tempdir().unwrap());
+        if nvml {
+            // A GPU machine: NVML works; the plugin serves or waits, and stops on SIGTERM.
+            let (status, log) = run.terminate();
+            assert_eq!(status.code(), Some(0), "{log:#?}");
+            continue;
+        }
+        let line = run.wait_for("No devices found. Waiting indefinitely.");
+        let reason = line["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("NVML is not available")
+                && reason.contains("FAIL_ON_INIT_ERROR is false"),
+            "{reason}"
+        );
+        let (status, log) = run.terminate();
+        assert_eq!(status.code(), Some(0), "{log:#?}");
+    }
+    let out = plugin()
+        .args(["run", "--fail-on-init-error=maybe"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("FAIL_ON_INIT_ERROR (--fail-on-init-error) \"maybe\" is not a boolean"),
+        "{err}"
+    );
+}

@@ -958,6 +958,7 @@ fn gpu(uuid: &str, index: u32, minor: u32, memory_mib: u64) -> Gpu {
         numa_node: None,
         mig_enabled: false,
         healthy: true,
+        mig_devices: Vec::new(),
     }
 }
 
@@ -1092,10 +1093,6 @@ fn plan_refuses_a_gpu_the_file_cannot_hold_naming_it() {
             ),
         ),
         (
-            vec![gpu("GPU-aaaa", 0, 0, 0)],
-            r#"GPU "GPU-aaaa" (minor 0): memory 0 MiB"#,
-        ),
-        (
             vec![gpu("GPU a", 0, 0, 1)],
             r#"GPU with minor 0: UUID "GPU a" is not"#,
         ),
@@ -1124,6 +1121,32 @@ fn plan_refuses_a_gpu_the_file_cannot_hold_naming_it() {
             Some(Path::new("/opt/hami/vgpu/node-gpus"))
         );
     }
+
+    // A GPU that reports no memory (unified memory, GB10) has no size: it is left out, and a
+    // list of only such GPUs publishes nothing.
+    let plan = plan_with(listed(vec![gpu("GPU-aaaa", 0, 0, 0)])).unwrap();
+    assert_eq!(
+        plan.node_gpus,
+        NodeGpusPlan::Withdraw {
+            path: "/opt/hami/vgpu/node-gpus".into(),
+            reason: NoNodeGpus::NoMemory(GpuSource::InventoryFile("/etc/gpus.yaml".into())),
+        }
+    );
+    assert!(
+        NoNodeGpus::NoMemory(GpuSource::Nvml)
+            .to_string()
+            .contains("reports its memory (unified memory, e.g. GB10)")
+    );
+    let plan = plan_with(listed(vec![
+        gpu("GPU-aaaa", 0, 0, 0),
+        gpu("GPU-bbbb", 1, 1, 7680),
+    ]))
+    .unwrap();
+    let NodeGpusPlan::Publish { gpus, .. } = &plan.node_gpus else {
+        panic!("{plan:?}")
+    };
+    let uuids: Vec<&str> = gpus.gpus().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(uuids, ["GPU-bbbb"]);
 
     // A source that failed: the error names the entry.
     let failure = parse_inventory(

@@ -461,6 +461,10 @@ pub struct NvidiaConfig {
     pub runtime_class_name: String,
     /// `limitDelivery`: `file` | `env`, default unset (resolution falls through to `file`).
     pub limit_delivery: Option<LimitDelivery>,
+    /// `preConfiguredDeviceMemory` MiB, default 0 (unset): the memory of a GPU for which NVML
+    /// reports none (unified-memory parts such as the GB10), as HAMi's `getAPIDevices`
+    /// (`plugin/register.go`) uses it; without it such a GPU is not advertised.
+    pub pre_configured_device_memory: u64,
 }
 
 impl Default for NvidiaConfig {
@@ -484,6 +488,7 @@ impl Default for NvidiaConfig {
             lib_cuda_log_level: None,
             runtime_class_name: String::new(),
             limit_delivery: None,
+            pre_configured_device_memory: 0,
         }
     }
 }
@@ -551,6 +556,9 @@ impl NvidiaConfig {
         }
         if let Some(v) = node.lib_cuda_log_level {
             out.lib_cuda_log_level = Some(v);
+        }
+        if let Some(v) = node.pre_configured_device_memory {
+            out.pre_configured_device_memory = v;
         }
         out
     }
@@ -686,6 +694,10 @@ pub struct NodeConfigEntry {
     /// `libcudaloglevel` 0..=4.
     #[serde(rename = "libcudaloglevel")]
     pub lib_cuda_log_level: Option<u8>,
+    /// `preconfigureddevicememory` MiB: overrides the global `preConfiguredDeviceMemory` (0 =
+    /// unset), as HAMi merges its node entries over the global section.
+    #[serde(rename = "preconfigureddevicememory")]
+    pub pre_configured_device_memory: Option<u64>,
     /// `migstrategy` (kept as written).
     #[serde(rename = "migstrategy")]
     pub mig_strategy: Option<String>,
@@ -712,6 +724,7 @@ impl NodeConfigEntry {
             device_memory_scaling,
             device_core_scaling,
             lib_cuda_log_level,
+            pre_configured_device_memory,
             mig_strategy,
             filter_devices,
             enable_get_preferred_allocation,

@@ -492,6 +492,12 @@ fn node_config_bad_values_are_named() {
             "\"sometimes\"",
             "expected",
         ),
+        (
+            r#""preconfigureddevicememory": -1"#,
+            "nodeconfig[1].preconfigureddevicememory",
+            "-1",
+            "expected",
+        ),
     ];
     for (field, key, value, accepted) in cases {
         let dir = tempfile::tempdir().unwrap();
@@ -518,6 +524,60 @@ fn node_config_bad_values_are_named() {
         assert_eq!((k.as_str(), v.as_str()), (*key, *value), "{msg}");
         assert!(reason.contains(accepted), "{msg}");
     }
+}
+
+/// HAMi's `preConfiguredDeviceMemory` (global, MiB) and `preconfigureddevicememory` (node entry,
+/// merged over it; 0 in the node entry overrides, as HAMi's mergo merge of a set pointer does).
+#[test]
+fn pre_configured_device_memory_global_and_per_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let global = write(
+        dir.path(),
+        "device-config.yaml",
+        "nvidia:\n  preConfiguredDeviceMemory: 131072\n",
+    );
+    let config = DeviceConfig::load_from_env(
+        Some(FileText {
+            path: &global,
+            text: &read(&global),
+        }),
+        no_env(),
+    )
+    .unwrap();
+    assert_eq!(config.nvidia.pre_configured_device_memory, 131_072);
+    assert_eq!(NvidiaConfig::default().pre_configured_device_memory, 0);
+    let nodes = write(
+        dir.path(),
+        "config.json",
+        r#"{"nodeconfig":[{"name":"spark","preconfigureddevicememory":120000},{"name":"off","preconfigureddevicememory":0}]}"#,
+    );
+    let nodes = NodeConfigFile::parse(FileText {
+        path: &nodes,
+        text: &read(&nodes),
+    })
+    .unwrap();
+    let spark = config.nvidia.with_node(&nodes.for_node("spark").unwrap());
+    assert_eq!(spark.pre_configured_device_memory, 120_000);
+    let off = config.nvidia.with_node(&nodes.for_node("off").unwrap());
+    assert_eq!(off.pre_configured_device_memory, 0);
+    let bad = write(
+        dir.path(),
+        "bad.yaml",
+        "nvidia:\n  preConfiguredDeviceMemory: 128Gi\n",
+    );
+    let err = DeviceConfig::load_from_env(
+        Some(FileText {
+            path: &bad,
+            text: &read(&bad),
+        }),
+        no_env(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("nvidia.preConfiguredDeviceMemory") && err.contains("128Gi"),
+        "{err}"
+    );
 }
 
 #[test]

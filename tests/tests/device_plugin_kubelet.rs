@@ -10,12 +10,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hami_device_plugin::devices::DeviceTable;
+use hami_device_plugin::health::{
+    HealthCheckPolicy, HealthWatch, Registration as Watched, Wait, XidEvent, XidEventSource,
+    watch_xids,
+};
 use hami_device_plugin::inventory::{DeviceFilter, FileInventory, Gpu, GpuInventory};
 use hami_device_plugin::plugin::Lifecycle;
 use hami_device_plugin::service::{
     NoPendingPod, PendingPodDevices, SharedState, VisibleDevicesOnly, spawn_health_updates,
 };
-use hami_tests::kubelet::{FakeKubelet, RunningPlugin};
+use hami_tests::kubelet::{FakeKubelet, Registration, RunningPlugin};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -248,7 +252,9 @@ async fn health_change_in_the_inventory_pushes_a_new_list() {
         Arc::new(NoPendingPod),
     );
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    inventory.watch_health(&gpus, tx).unwrap();
+    inventory
+        .watch_health(&gpus, &HealthCheckPolicy::default(), tx)
+        .unwrap();
     spawn_health_updates(state.clone(), rx);
     let _plugin = RunningPlugin::start(lifecycle(dir.path()), state);
     kubelet.wait_for_registration(1, WAIT).await.unwrap();
@@ -270,6 +276,136 @@ async fn health_change_in_the_inventory_pushes_a_new_list() {
             (format!("{a}-1").as_str(), "Healthy"),
             (format!("{b}-0").as_str(), "Unhealthy"),
             (format!("{b}-1").as_str(), "Unhealthy"),
+        ]
+    );
+}
+
+/// NVML's event set, faked: registrations fail for the UUIDs in `lost`; waits return what the
+/// test feeds, else time out.
+struct FakeNvmlEvents {
+    lost: Vec<String>,
+    feed: std::sync::mpsc::Receiver<Wait>,
+}
+
+impl XidEventSource for FakeNvmlEvents {
+    fn register(&mut self, uuid: &str) -> Watched {
+        if self.lost.iter().any(|l| l == uuid) {
+            Watched::Failed("GPU is lost".to_owned())
+        } else {
+            Watched::Watching
+        }
+    }
+    fn wait(&mut self, timeout: Duration) -> Wait {
+        match self.feed.recv_timeout(timeout) {
+            Ok(wait) => wait,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Wait::Timeout,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(timeout);
+                Wait::Timeout
+            }
+        }
+    }
+}
+
+fn health_of(list: &[hami_device_plugin::api::v1beta1::Device]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|d| (d.id.clone(), d.health.clone()))
+        .collect()
+}
+
+/// HAMi's `checkHealth` through a fake NVML: an application Xid changes nothing, a critical Xid
+/// makes its GPU Unhealthy, a failed wait makes every GPU Unhealthy (fail closed), and kubelet's
+/// `ListAndWatch` sees each change.
+#[tokio::test]
+async fn xid_events_and_event_errors_reach_kubelet_as_unhealthy() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = FakeKubelet::start(dir.path()).await.unwrap();
+    let gpus = file_gpus(dir.path());
+    let (a, b) = (gpus[0].uuid.clone(), gpus[1].uuid.clone());
+    let state = state(gpus, 1, &DeviceFilter::default(), Arc::new(NoPendingPod));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    spawn_health_updates(state.clone(), rx);
+    let (feed, events) = std::sync::mpsc::channel();
+    let watch = HealthWatch {
+        uuids: vec![a.clone(), b.clone()],
+        policy: HealthCheckPolicy::new(None, None),
+        timeout: Duration::from_millis(20),
+        error_pause: Duration::ZERO,
+    };
+    std::thread::spawn(move || {
+        let mut source = FakeNvmlEvents {
+            lost: Vec::new(),
+            feed: events,
+        };
+        watch_xids(&mut source, &watch, &tx);
+    });
+    let _plugin = RunningPlugin::start(lifecycle(dir.path()), state);
+    let first = kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    let healthy = |uuid: &str, h: &str| (format!("{uuid}-0"), h.to_owned());
+    assert_eq!(
+        health_of(first.devices().unwrap()),
+        [healthy(&a, "Healthy"), healthy(&b, "Healthy")]
+    );
+
+    let xid = |uuid: &str, xid: u64| {
+        Wait::Event(XidEvent {
+            uuid: Ok(uuid.to_owned()),
+            critical_xid: true,
+            xid,
+        })
+    };
+    feed.send(xid(&a, 13)).unwrap(); // an application's fault: ignored
+    feed.send(xid(&b, 79)).unwrap(); // fallen off the bus
+    let second = kubelet.wait_for_device_lists(1, 2, WAIT).await.unwrap();
+    assert_eq!(
+        health_of(second.devices().unwrap()),
+        [healthy(&a, "Healthy"), healthy(&b, "Unhealthy")]
+    );
+
+    feed.send(Wait::Failed("Unknown Error".to_owned())).unwrap();
+    let third = kubelet.wait_for_device_lists(1, 3, WAIT).await.unwrap();
+    assert_eq!(
+        health_of(third.devices().unwrap()),
+        [healthy(&a, "Unhealthy"), healthy(&b, "Unhealthy")]
+    );
+}
+
+/// A GPU whose events cannot be registered is Unhealthy from the start (HAMi marks it so).
+#[tokio::test]
+async fn a_gpu_that_cannot_be_watched_is_unhealthy() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = FakeKubelet::start(dir.path()).await.unwrap();
+    let gpus = file_gpus(dir.path());
+    let (a, b) = (gpus[0].uuid.clone(), gpus[1].uuid.clone());
+    let state = state(gpus, 1, &DeviceFilter::default(), Arc::new(NoPendingPod));
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    spawn_health_updates(state.clone(), rx);
+    let (_feed, events) = std::sync::mpsc::channel();
+    let watch = HealthWatch {
+        uuids: vec![a.clone(), b.clone()],
+        policy: HealthCheckPolicy::default(),
+        timeout: Duration::from_millis(20),
+        error_pause: Duration::ZERO,
+    };
+    let lost = vec![a.clone()];
+    std::thread::spawn(move || {
+        let mut source = FakeNvmlEvents { lost, feed: events };
+        watch_xids(&mut source, &watch, &tx);
+    });
+    let _plugin = RunningPlugin::start(lifecycle(dir.path()), state);
+    let registration = kubelet
+        .wait_until("GPU a Unhealthy", WAIT, |s| {
+            s.first()
+                .and_then(Registration::devices)
+                .is_some_and(|d| d.iter().any(|d| d.health == "Unhealthy"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        health_of(registration[0].devices().unwrap()),
+        [
+            (format!("{a}-0"), "Unhealthy".to_owned()),
+            (format!("{b}-0"), "Healthy".to_owned())
         ]
     );
 }

@@ -60,6 +60,7 @@ fn gpu(uuid: &str, index: u32, name: &str, mib: u64, numa: Option<i64>) -> Gpu {
         numa_node: numa,
         mig_enabled: false,
         healthy: true,
+        mig_devices: Vec::new(),
     }
 }
 

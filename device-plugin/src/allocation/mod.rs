@@ -9,12 +9,14 @@
 //! - [`executor`]: [`executor::Allocator`], the [`crate::service::AllocateHandler`];
 //! - [`collector`]: removal of dead pods' directories and limits files;
 //! - [`config`]: the settings the plan needs, from the device and node config files;
-//! - [`dry_run`]: `hami-device-plugin plan`.
+//! - [`dry_run`]: `hami-device-plugin plan`;
+//! - [`mig`]: `Allocate` for static MIG devices (no HAMi-core).
 
 pub mod codec;
 pub mod collector;
 pub mod config;
 pub mod dry_run;
 pub mod executor;
+pub mod mig;
 pub mod plan;
 pub mod pod_lookup;
