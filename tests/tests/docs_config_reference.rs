@@ -344,7 +344,7 @@ fn device_plugin_flags_and_environment() {
     ];
     let tables: Vec<(&str, String)> = titles.iter().map(|t| (*t, sec(&doc, t))).collect();
     let mut extra = BTreeSet::from([
-        hami_device_plugin::nvml::ENV_DISABLE_HEALTHCHECKS.to_owned(),
+        hami_device_plugin::health::ENV_DISABLE_HEALTHCHECKS.to_owned(),
         "RUST_LOG".to_owned(),
     ]);
     let mut problems = Vec::new();
