@@ -293,6 +293,9 @@ pub struct RunContext {
     pub source: SourceArgs,
     /// Allocation flags.
     pub allocate: crate::cli::AllocateArgs,
+    /// The advertised GPUs' index and device nodes by UUID (for `DEVICE_ID_STRATEGY=index` and
+    /// `PASS_DEVICE_SPECS`).
+    pub node_devices: crate::allocation::device_list::NodeDevices,
     /// Where the allocator and the collector report.
     pub metrics: Arc<Metrics>,
     /// The watch-fed view of this node's pods (with a client), shared by `Allocate` and
@@ -527,6 +530,7 @@ pub async fn run_with_options(
         client: client.clone(),
         source: args.source.clone(),
         allocate: args.allocate.clone(),
+        node_devices: crate::allocation::device_list::NodeDevices::from_gpus(table.gpus()),
         metrics: Arc::clone(&metrics),
         pod_cache: pod_cache.clone(),
     };
@@ -766,12 +770,19 @@ pub fn advertise_settings<'a>(
 /// found, so only `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
 pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler>, AppError> {
     // From the settings loaded at start: the configuration files are read once.
-    let settings = crate::allocation::config::from_plugin_settings(
+    let mut settings = crate::allocation::config::from_plugin_settings(
         &ctx.settings,
         ctx.source.node_config.as_deref(),
         &ctx.node_name,
         &ctx.allocate.hook_path,
     )?;
+    let (device_list, notes) =
+        crate::allocation::config::device_list_settings(&ctx.allocate.device_list)?;
+    for note in &notes {
+        tracing::warn!("{note}");
+    }
+    settings.device_list = device_list;
+    settings.node_devices = ctx.node_devices.clone();
     let seconds = |flag: &'static str, value: f64| {
         std::time::Duration::try_from_secs_f64(value)
             .ok()
@@ -794,6 +805,9 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         disable_core_limit = settings.disable_core_limit,
         node_delivery = ?settings.node_delivery.map(|d| d.as_str()),
         global_delivery = ?settings.global_delivery.map(|d| d.as_str()),
+        device_list_strategy = ?settings.device_list.strategies.as_slice().iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        device_id_strategy = settings.device_list.id_strategy.as_str(),
+        pass_device_specs = settings.device_list.pass_device_specs,
         collect_interval_s = collect.interval.as_secs_f64(),
         collect_grace_s = collect.grace.as_secs_f64(),
         "allocation settings"

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 pub use hami_ops::LogFormat;
 
+use crate::allocation::device_list::settings::DeviceListArgs;
 use crate::api;
 
 /// hami-device-plugin: kubelet device plugin for GPUs shared through HAMi-core.
@@ -20,12 +21,15 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Environment names renamed to the `HAMI_` form, `(old, new)`. The old name still works, with a
-/// deprecation notice, when neither the new name nor the flag is given (HAMi's own DaemonSet sets
-/// the old names).
-pub const RENAMED_ENV: [(&str, &str); 2] = [
+/// Environment names renamed, `(old, new)`: to the `HAMI_` form, and HAMi's own second names of
+/// two device list settings (`EnvVars` lists them after the first in HAMi's `main.go`). The old
+/// name still works, with a deprecation notice, when neither the new name nor the flag is given
+/// (HAMi's own DaemonSet sets the old names).
+pub const RENAMED_ENV: [(&str, &str); 4] = [
     ("NODE_NAME", "HAMI_NODE_NAME"),
     ("HOOK_PATH", "HAMI_HOOK_PATH"),
+    ("NVIDIA_CTK_PATH", "NVIDIA_CDI_HOOK_PATH"),
+    ("CONTAINER_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH"),
 ];
 
 /// A parsed command line and the deprecation notices of the environment names it used.
@@ -67,7 +71,7 @@ impl Cli {
                 deprecations.push(format!("{old} is deprecated: use {new}"));
                 Some(value)
             };
-            let [node_env, hook_env] = RENAMED_ENV;
+            let [node_env, hook_env, cdi_hook_env, ctr_root_env] = RENAMED_ENV;
             // A value given by flag or by the new name wins; the old name fills what is left
             // open, and a default gives way to it.
             if let Some(node) = cli.command.node_name_mut()
@@ -84,6 +88,16 @@ impl Cli {
                 && let Some(v) = fallback(hook_env)
             {
                 *hook = PathBuf::from(v);
+            }
+            if let Some(list) = cli.command.device_list_mut() {
+                for (value, env) in [
+                    (&mut list.nvidia_cdi_hook_path, cdi_hook_env),
+                    (&mut list.driver_root_ctr_path, ctr_root_env),
+                ] {
+                    if value.is_none() {
+                        *value = fallback(env).map(|v| v.to_string_lossy().into_owned());
+                    }
+                }
             }
         }
         Ok(Parsed { cli, deprecations })
@@ -171,6 +185,15 @@ impl Command {
             Self::Inventory(args) => Some(&mut args.source.node_name),
             Self::Plan(args) => Some(&mut args.node),
             Self::InstallHook(_) => None,
+        }
+    }
+
+    /// The device list flags this command takes, if it takes them.
+    fn device_list_mut(&mut self) -> Option<&mut DeviceListArgs> {
+        match self {
+            Self::Run(args) => Some(&mut args.allocate.device_list),
+            Self::Plan(args) => Some(&mut args.device_list),
+            Self::Inventory(_) | Self::InstallHook(_) => None,
         }
     }
 
@@ -355,6 +378,9 @@ pub struct AllocateArgs {
         value_name = "SECONDS"
     )]
     pub collect_grace: f64,
+    /// How containers learn their devices, under HAMi's names.
+    #[command(flatten)]
+    pub device_list: DeviceListArgs,
 }
 
 #[cfg(test)]

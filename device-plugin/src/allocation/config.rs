@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use hami_shared::config::{NodeConfigEntry, NvidiaConfig, OperatingMode};
 
+use super::device_list::settings::{DeviceListArgs, DeviceListConfigError, ImexRequest};
+use super::device_list::{DeviceListSettings, ImexChannel, under_root};
 use super::plan::AllocationSettings;
 use crate::settings::PluginSettings;
 use crate::settings::{load_device_config, load_node_config};
@@ -20,6 +22,22 @@ pub enum ConfigError {
     /// A file could not be loaded (the message names the file, key, value and accepted forms).
     #[error(transparent)]
     Load(#[from] hami_shared::config::ConfigError),
+    /// A device list setting is invalid (names the variable, the value, the accepted forms).
+    #[error(transparent)]
+    DeviceList(#[from] DeviceListConfigError),
+    /// `IMEX_REQUIRED=true` and a requested channel does not exist (HAMi's `imex.GetChannels`).
+    #[error(
+        "IMEX_REQUIRED (--imex-required) is true and the requested IMEX channel {channel} does not exist: looked for a character device at {}{reason}; create the channel (nvidia-modprobe / the IMEX daemon), or unset IMEX_REQUIRED to start without it",
+        looked.join(" and ")
+    )]
+    ImexChannelMissing {
+        /// `channel<id>`.
+        channel: String,
+        /// The paths looked at.
+        looked: Vec<String>,
+        /// What was found instead, if anything (`: /x is not a character device`).
+        reason: String,
+    },
     /// Dynamic MIG.
     #[error(
         "{path}: node {node} has operatingmode: mig (dynamic MIG), which hami-device-plugin does not support; use operatingmode: hami-core (GPUs shared through HAMi-core), or keep HAMi's own device plugin on MIG nodes"
@@ -49,6 +67,8 @@ pub fn from_configs(
         lib_cuda_log_level: merged.lib_cuda_log_level,
         node_delivery: node.and_then(|n| n.limit_delivery),
         global_delivery: global.limit_delivery,
+        // From the flags and the device table, set by the caller.
+        ..AllocationSettings::default()
     }
 }
 
@@ -87,7 +107,77 @@ pub fn from_plugin_settings(
         node_delivery: settings.node.as_ref().and_then(|n| n.limit_delivery),
         // `with_node` leaves `limitDelivery` as the global section has it.
         global_delivery: nvidia.limit_delivery,
+        // From the flags and the device table, set by the caller.
+        ..AllocationSettings::default()
     })
+}
+
+/// The device list settings from the flags, with the IMEX channels looked for (I/O: the device
+/// nodes), and the notes to log at start.
+pub fn device_list_settings(
+    args: &DeviceListArgs,
+) -> Result<(DeviceListSettings, Vec<String>), ConfigError> {
+    let parsed = args.parse()?;
+    let mut notes = parsed.notes;
+    let mut settings = parsed.settings;
+    settings.imex_channels =
+        imex_channels(&parsed.imex, &parsed.container_driver_root, &mut notes)?;
+    Ok((settings, notes))
+}
+
+/// HAMi's `imex.GetChannels`: a channel is selected when its device node is a character device
+/// under the driver root's dev root in this container (`DRIVER_ROOT_CTR_PATH` when it has a
+/// `dev` folder, else `/`) or at its own path; a missing one is an error when `required`, else
+/// skipped with a note.
+fn imex_channels(
+    request: &ImexRequest,
+    container_driver_root: &str,
+    notes: &mut Vec<String>,
+) -> Result<Vec<ImexChannel>, ConfigError> {
+    let dev_root = if Path::new(container_driver_root).join("dev").is_dir() {
+        container_driver_root
+    } else {
+        "/"
+    };
+    let mut channels = Vec::new();
+    for &id in &request.ids {
+        let channel = ImexChannel { id };
+        let path = channel.path();
+        let host = under_root(dev_root, &path);
+        let mut looked = vec![host.clone()];
+        if host != path {
+            looked.push(path);
+        }
+        let mut reason = String::new();
+        let found = looked.iter().any(|p| match std::fs::metadata(p) {
+            Ok(m) if std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()) => true,
+            Ok(_) => {
+                reason = format!(": {p} is not a character device");
+                false
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => {
+                reason = format!(": {p}: {e}");
+                false
+            }
+        });
+        let name = format!("channel{id}");
+        if found {
+            channels.push(channel);
+        } else if request.required {
+            return Err(ConfigError::ImexChannelMissing {
+                channel: name,
+                looked,
+                reason,
+            });
+        } else {
+            notes.push(format!(
+                "ignoring requested IMEX channel {name}: no character device at {}{reason} (IMEX_REQUIRED is false)",
+                looked.join(" and ")
+            ));
+        }
+    }
+    Ok(channels)
 }
 
 /// Loads the allocation settings for `node_name` (defaults for what the files do not set).

@@ -10,9 +10,12 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use super::config::{ConfigError, load_allocation_settings};
-use super::executor::disk::{DiskError, execute_plan};
+use super::config::{ConfigError, device_list_settings, load_allocation_settings};
+use super::device_list::NodeDevices;
+use super::device_list::settings::DeviceListArgs;
+use super::executor::disk::{DiskError, execute_plan, probe_host};
 use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_pod};
+use crate::inventory::{FileInventory, GpuInventory, InventoryError};
 
 /// `plan` flags.
 #[derive(Debug, Clone, Args)]
@@ -33,9 +36,16 @@ pub struct PlanArgs {
     /// HAMi-core's install directory (`<DIR>/vgpu/containers/...`).
     #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
     pub hook_path: PathBuf,
+    /// YAML list of GPUs instead of NVML (read only when a device list setting needs the
+    /// node's GPUs: DEVICE_ID_STRATEGY=index, PASS_DEVICE_SPECS=true).
+    #[arg(long, env = crate::inventory::ENV_INVENTORY, value_name = "FILE")]
+    pub inventory: Option<PathBuf>,
     /// Also create the directories and publish the limits files, as `run` would.
     #[arg(long)]
     pub write: bool,
+    /// How containers learn their devices, as for `run`.
+    #[command(flatten)]
+    pub device_list: DeviceListArgs,
 }
 
 /// What `plan` prints.
@@ -56,6 +66,9 @@ pub struct PlanReport {
     pub removed_temporaries: usize,
     /// Why nothing is planned, when `containers` is empty (also printed on stderr).
     pub notes: Vec<String>,
+    /// What `run` would log about the device list settings (a setting with no effect, an IMEX
+    /// channel skipped, what a CDI strategy relies on).
+    pub device_list_notes: Vec<String>,
 }
 
 /// Why `plan` failed.
@@ -81,6 +94,14 @@ pub enum DryRunError {
     /// No node: neither `--node` nor `HAMI_NODE_NAME` (nor the deprecated `NODE_NAME`).
     #[error("no node: pass --node NODE or set HAMI_NODE_NAME (the node the pod is bound to)")]
     MissingNode,
+    /// The node's GPUs are needed (index names, device nodes) and cannot be listed.
+    #[error("{needed_by} needs this node's GPUs: {source}")]
+    NodeDevices {
+        /// The setting.
+        needed_by: &'static str,
+        /// Why they cannot be listed.
+        source: InventoryError,
+    },
     /// Leftover temporaries of an earlier `--write` could not be swept.
     #[error(transparent)]
     Sweep(#[from] hami_shared::PublishError),
@@ -178,16 +199,27 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
         .filter(|n| !n.is_empty())
         .ok_or(DryRunError::MissingNode)?;
     let pod = read_pod(&args.pod)?;
-    let settings = load_allocation_settings(
+    let mut settings = load_allocation_settings(
         args.config.as_deref(),
         args.node_config.as_deref(),
         &node,
         &args.hook_path,
     )?;
+    let (device_list, device_list_notes) = device_list_settings(&args.device_list)?;
+    settings.device_list = device_list;
+    if settings.device_list.needs_node_devices() {
+        settings.node_devices = node_devices(args, &settings)?;
+    }
     let version = env!("CARGO_PKG_VERSION");
     let versioned = settings.libvgpu_host_path(version, true);
     let libvgpu = settings.libvgpu_host_path(version, versioned.is_file());
-    let containers = plan_pod(&pod, &settings, &libvgpu)?;
+    // As `Allocate` answers on this machine now: the host's optional device nodes and license.
+    let host = probe_host(&settings.license_path());
+    let vgpu_dir = settings.vgpu_dir();
+    let containers: Vec<AllocationPlan> = plan_pod(&pod, &settings, &libvgpu)?
+        .into_iter()
+        .map(|p| p.with_host(&host, &vgpu_dir))
+        .collect();
     let notes = if containers.is_empty() {
         why_nothing_is_planned(&pod, &node)
     } else {
@@ -215,7 +247,27 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
         written,
         removed_temporaries,
         notes,
+        device_list_notes,
     })
+}
+
+/// The node's GPUs from `--inventory`, else NVML, as `run` reads them.
+fn node_devices(args: &PlanArgs, settings: &AllocationSettings) -> Result<NodeDevices, DryRunError> {
+    let needed_by = if settings.device_list.id_strategy
+        == super::device_list::DeviceIdStrategy::Index
+    {
+        "DEVICE_ID_STRATEGY=index"
+    } else {
+        "PASS_DEVICE_SPECS=true"
+    };
+    let wrap = |source| DryRunError::NodeDevices { needed_by, source };
+    let gpus = match &args.inventory {
+        Some(path) => FileInventory::new(path).discover().map_err(wrap)?,
+        None => crate::nvml::NvmlInventory::init()
+            .and_then(|nvml| nvml.discover())
+            .map_err(wrap)?,
+    };
+    Ok(NodeDevices::from_gpus(&gpus))
 }
 
 /// Why a pod has nothing for `Allocate` to do, in the words an operator needs.

@@ -6,6 +6,9 @@
 //! - [`pod_lookup`]: the pod being allocated (node lock, else the pending pod; the watch-fed
 //!   view of this node's pods read first), for `Allocate` and `GetPreferredAllocation`;
 //! - [`plan`]: the pure [`plan::AllocationPlan`];
+//! - [`device_list`]: how the container learns its devices (device list and ID strategies,
+//!   device specs, CDI, GDS/MOFED/GDRCopy, IMEX), pure, under HAMi's setting names;
+//! - [`container_response`]: the mounts and device specs both of them build;
 //! - [`executor`]: [`executor::Allocator`], the [`crate::service::AllocateHandler`];
 //! - [`collector`]: removal of dead pods' directories and limits files;
 //! - [`config`]: the settings the plan needs, from the device and node config files;
@@ -15,6 +18,8 @@
 pub mod codec;
 pub mod collector;
 pub mod config;
+pub mod container_response;
+pub mod device_list;
 pub mod dry_run;
 pub mod executor;
 pub mod mig;

@@ -3,7 +3,7 @@
 //! mounts) and what must be on disk first (the per-container directory and, in `file` mode, the
 //! limits file). No I/O here: the executor and `hami-device-plugin plan` both call it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use hami_shared::container::{
@@ -12,7 +12,7 @@ use hami_shared::container::{
 use hami_shared::limits_file::LimitsFileError;
 use hami_shared::names::{
     ANNOTATION_LIMIT_DELIVERY, CONTAINERS_DIR, ENV_CUDA_DEVICE_SM_LIMIT, ENV_CUDA_DISABLE_CONTROL,
-    ENV_NVIDIA_VISIBLE_DEVICES, LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH, LIBHAMI_PRELOAD_SO,
+    LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH, LIBHAMI_PRELOAD_SO,
     LIBVGPU_SO, OVERRIDE_ENV_PATH, USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH, memory_limit_env,
 };
 use hami_shared::values::{
@@ -22,6 +22,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 
 use super::codec::{ContainerDevice, ContainerSlot, PodDevices};
+pub use super::container_response::{PlannedDeviceSpec, PlannedMount};
+use super::container_response::mount;
+use super::device_list::{self, DeviceListError, DeviceListSettings, NodeDevices};
 use super::pod_lookup::pod::annotation;
 
 /// Settings the plan depends on (the node's resolved device config).
@@ -41,6 +44,12 @@ pub struct AllocationSettings {
     pub node_delivery: Option<LimitDelivery>,
     /// `nvidia.limitDelivery` in the global device config.
     pub global_delivery: Option<LimitDelivery>,
+    /// How the container learns its devices (`DEVICE_LIST_STRATEGY`, `DEVICE_ID_STRATEGY`,
+    /// `PASS_DEVICE_SPECS`, GDS/MOFED/GDRCopy, IMEX), parsed at start.
+    pub device_list: DeviceListSettings,
+    /// The node's devices (index, device nodes) by UUID, from the device table at start; needed
+    /// only by `DEVICE_ID_STRATEGY=index` and `PASS_DEVICE_SPECS=true`.
+    pub node_devices: NodeDevices,
 }
 
 impl Default for AllocationSettings {
@@ -52,6 +61,8 @@ impl Default for AllocationSettings {
             lib_cuda_log_level: None,
             node_delivery: None,
             global_delivery: None,
+            device_list: DeviceListSettings::default(),
+            node_devices: NodeDevices::default(),
         }
     }
 }
@@ -67,6 +78,11 @@ impl AllocationSettings {
         self.vgpu_dir().join(CONTAINERS_DIR)
     }
 
+    /// `<hook>/vgpu/license`: when it exists, HAMi also mounts it and `vgpuvalidator`.
+    pub fn license_path(&self) -> PathBuf {
+        self.vgpu_dir().join(VGPU_LICENSE)
+    }
+
     /// The host file mounted as `libvgpu.so`: `libvgpu.so.<version>` when `versioned_exists`
     /// (HAMi's `GetLibPath` prefers the file of the plugin's own version), else `libvgpu.so`.
     pub fn libvgpu_host_path(&self, version: &str, versioned_exists: bool) -> PathBuf {
@@ -76,18 +92,6 @@ impl AllocationSettings {
             self.vgpu_dir().join(LIBVGPU_SO)
         }
     }
-}
-
-/// One mount of the answer (`v1beta1.Mount`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PlannedMount {
-    /// Path in the container.
-    pub container_path: String,
-    /// Path on the host.
-    pub host_path: String,
-    /// Read-only.
-    pub read_only: bool,
 }
 
 /// The limits file to publish.
@@ -149,6 +153,12 @@ pub struct AllocationPlan {
     pub envs: BTreeMap<String, String>,
     /// Mounts of the answer, in order.
     pub mounts: Vec<PlannedMount>,
+    /// Device nodes of the answer (`PASS_DEVICE_SPECS`).
+    pub device_specs: Vec<PlannedDeviceSpec>,
+    /// Container annotations of the answer (`cdi-annotations`).
+    pub annotations: BTreeMap<String, String>,
+    /// CDI devices of the answer (`cdi-cri`).
+    pub cdi_devices: Vec<String>,
     /// The per-container directory to (re)create (absent for MIG).
     pub container_dir: Option<PathBuf>,
     /// The limits file (file mode only).
@@ -275,6 +285,16 @@ pub enum PlanError {
         /// The refused entry.
         source: LimitsFileError,
     },
+    /// The device list cannot be built (a device the setting needs the node's data for).
+    #[error("pod {pod}: container {container}: {source}")]
+    DeviceList {
+        /// `namespace/name`.
+        pod: String,
+        /// Container name.
+        container: String,
+        /// What is missing.
+        source: DeviceListError,
+    },
     /// The device annotation is malformed.
     #[error("pod {pod}: hami.io/vgpu-devices-to-allocate: {source}")]
     Codec {
@@ -321,14 +341,6 @@ pub fn is_mig_device(uuid: &str) -> bool {
     uuid.contains("MIG")
 }
 
-fn mount(container_path: impl Into<String>, host_path: &Path, read_only: bool) -> PlannedMount {
-    PlannedMount {
-        container_path: container_path.into(),
-        host_path: host_path.display().to_string(),
-        read_only,
-    }
-}
-
 /// The preload pair, always mounted together (never one without the other): `/etc/ld.so.preload`
 /// ← `<hook>/vgpu/ld.so.preload`, which names `<hook>/vgpu/libhami_preload.so` first (it loads
 /// `/overrideEnv` into the environment before `main`) and `<hook>/vgpu/libvgpu.so` second; and
@@ -350,10 +362,12 @@ pub fn preload_mounts(vgpu_dir: &Path) -> [PlannedMount; 2] {
 /// assignment; `None` in the dry run). `libvgpu_host` is the host file mounted as `libvgpu.so`
 /// ([`AllocationSettings::libvgpu_host_path`]).
 ///
-/// Mounts, in order: `<hook>/vgpu/libvgpu.so` (RO), `<hook>/vgpu` ← the per-container directory
-/// (RW), `/tmp/vgpulock` (RW), the preload pair ([`preload_mounts`]: `/etc/ld.so.preload` and
-/// `<hook>/vgpu/libhami_preload.so`, RO) unless the container's literal env sets
-/// `CUDA_DISABLE_CONTROL` true, and in `file` mode `/overrideEnv` (RO). Static MIG: none.
+/// Phases: which container ([`Target::identify`]), the delivery mode, the device list
+/// ([`device_list::answer`]: envs, `volume-mounts` mounts, device specs, CDI annotations and
+/// devices, as HAMi's `getAllocateResponse`), then — not for static MIG — HAMi-core's variables
+/// ([`hami_core_limits`]) and mounts ([`hami_core_mounts`]). What depends on the host at the
+/// time of the call (optional device nodes, HAMi's license files) is applied by
+/// [`AllocationPlan::with_host`].
 pub fn plan_container(
     pod: &Pod,
     entry: usize,
@@ -362,45 +376,125 @@ pub fn plan_container(
     settings: &AllocationSettings,
     libvgpu_host: &Path,
 ) -> Result<AllocationPlan, PlanError> {
-    let key = pod_key(pod);
-    let slot = ContainerSlot::of_entry(entry, init_count(pod));
-    let container = container_of(pod, slot).ok_or_else(|| PlanError::NoSuchContainer {
-        pod: key.clone(),
-        entry,
-        slot,
-    })?;
-    let name = container.name.clone();
-    let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let container_key = ContainerKey::new(&uid, &name).map_err(|e| match e {
-        ContainerKeyError::ContainerName { name } => PlanError::InvalidContainerName {
-            pod: key.clone(),
-            name,
-        },
-        ContainerKeyError::PodUid { uid } => PlanError::InvalidPodUid {
-            pod: key.clone(),
-            uid,
-        },
-    })?;
-    if devices.is_empty() {
-        return Err(PlanError::NoDevices { pod: key, entry });
-    }
-    if let Some(requested) = requested
-        && requested != devices.len()
-    {
-        return Err(PlanError::DeviceCountMismatch {
-            pod: key,
-            container: name,
-            assigned: devices.len(),
-            requested,
-        });
-    }
-    let value_err = |source| PlanError::Value {
-        pod: key.clone(),
-        container: name.clone(),
-        source,
-    };
-
+    let target = Target::identify(pod, entry, devices, requested)?;
     let mut warnings = Vec::new();
+    let delivery = resolve_delivery(pod, settings, &mut warnings);
+    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
+    let list = device_list::answer(
+        &settings.device_list,
+        &settings.node_devices,
+        &uuids,
+        target.key.pod_uid(),
+    )
+    .map_err(|source| PlanError::DeviceList {
+        pod: target.pod.clone(),
+        container: target.name.clone(),
+        source,
+    })?;
+    let mig = devices.iter().any(|d| is_mig_device(&d.uuid));
+    let mut plan = AllocationPlan {
+        pod: target.pod.clone(),
+        pod_uid: target.key.pod_uid().to_owned(),
+        container: target.name.clone(),
+        slot: target.slot,
+        entry,
+        devices: devices.to_vec(),
+        mig,
+        delivery,
+        envs: list.envs,
+        mounts: list.mounts,
+        device_specs: list.device_specs,
+        annotations: list.annotations,
+        cdi_devices: list.cdi_devices,
+        container_dir: None,
+        limits_file: None,
+        warnings,
+    };
+    if mig {
+        // Static MIG: the device list only; no HAMi-core variables, no file, no mounts.
+        return Ok(plan);
+    }
+    let spec_env = spec_env(target.container);
+    let limits = hami_core_limits(&target, devices, settings, &spec_env, &mut plan)?;
+    hami_core_mounts(&target, settings, libvgpu_host, &spec_env, limits, &mut plan);
+    Ok(plan)
+}
+
+/// The container an entry is for, checked before anything is built from it.
+struct Target<'a> {
+    /// `namespace/name`.
+    pod: String,
+    slot: ContainerSlot,
+    container: &'a Container,
+    name: String,
+    /// Pod UID and container name, validated (they become host paths).
+    key: ContainerKey,
+}
+
+impl<'a> Target<'a> {
+    /// The entry's container, its validated key, and the device count kubelet asked for.
+    fn identify(
+        pod: &'a Pod,
+        entry: usize,
+        devices: &[ContainerDevice],
+        requested: Option<usize>,
+    ) -> Result<Self, PlanError> {
+        let key = pod_key(pod);
+        let slot = ContainerSlot::of_entry(entry, init_count(pod));
+        let container = container_of(pod, slot).ok_or_else(|| PlanError::NoSuchContainer {
+            pod: key.clone(),
+            entry,
+            slot,
+        })?;
+        let name = container.name.clone();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let container_key = ContainerKey::new(&uid, &name).map_err(|e| match e {
+            ContainerKeyError::ContainerName { name } => PlanError::InvalidContainerName {
+                pod: key.clone(),
+                name,
+            },
+            ContainerKeyError::PodUid { uid } => PlanError::InvalidPodUid {
+                pod: key.clone(),
+                uid,
+            },
+        })?;
+        if devices.is_empty() {
+            return Err(PlanError::NoDevices { pod: key, entry });
+        }
+        if let Some(requested) = requested
+            && requested != devices.len()
+        {
+            return Err(PlanError::DeviceCountMismatch {
+                pod: key,
+                container: name,
+                assigned: devices.len(),
+                requested,
+            });
+        }
+        Ok(Self {
+            pod: key,
+            slot,
+            container,
+            name,
+            key: container_key,
+        })
+    }
+
+    fn value_err(&self, source: LimitsFileError) -> PlanError {
+        PlanError::Value {
+            pod: self.pod.clone(),
+            container: self.name.clone(),
+            source,
+        }
+    }
+}
+
+/// The delivery mode and its source; an invalid pod annotation becomes a warning.
+fn resolve_delivery(
+    pod: &Pod,
+    settings: &AllocationSettings,
+    warnings: &mut Vec<AllocationWarning>,
+) -> PlannedDelivery {
     let resolved = resolve_limit_delivery(
         annotation(pod, ANNOTATION_LIMIT_DELIVERY),
         settings.node_delivery,
@@ -413,13 +507,15 @@ pub fn plan_container(
             source: resolved.source,
         });
     }
-    let delivery = PlannedDelivery {
+    PlannedDelivery {
         mode: resolved.delivery,
         source: resolved.source,
-    };
+    }
+}
 
-    // The container's env entries in spec order (`valueFrom` has no literal value).
-    let spec_env: Vec<SpecEnv<'_>> = container
+/// The container's env entries in spec order (`valueFrom` has no literal value).
+fn spec_env(container: &Container) -> Vec<SpecEnv<'_>> {
+    container
         .env
         .iter()
         .flatten()
@@ -431,33 +527,22 @@ pub fn plan_container(
                 e.value.as_deref()
             },
         })
-        .collect();
-    let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
-    let mut envs = BTreeMap::new();
-    envs.insert(ENV_NVIDIA_VISIBLE_DEVICES.to_owned(), uuids.join(","));
+        .collect()
+}
 
-    let mig = devices.iter().any(|d| is_mig_device(&d.uuid));
-    if mig {
-        return Ok(AllocationPlan {
-            pod: key,
-            pod_uid: uid,
-            container: name,
-            slot,
-            entry,
-            devices: devices.to_vec(),
-            mig: true,
-            delivery,
-            envs,
-            mounts: Vec::new(),
-            container_dir: None,
-            limits_file: None,
-            warnings,
-        });
-    }
-
-    // The variables HAMi-core reads, through the contract's builder (the webhook builds KAI
-    // containers' files with it too), so that the environment and the file never disagree.
-    let mut builder = LimitsBuilder::new(container_key.container());
+/// The variables HAMi-core reads, through the contract's builder (the webhook builds KAI
+/// containers' files with it too), so that the environment and the file never disagree: added
+/// to `plan.envs` (both modes); returns the limits file's content, which also carries what is
+/// copied from the spec (the container already has it in its environment).
+fn hami_core_limits(
+    target: &Target<'_>,
+    devices: &[ContainerDevice],
+    settings: &AllocationSettings,
+    spec_env: &[SpecEnv<'_>],
+    plan: &mut AllocationPlan,
+) -> Result<hami_shared::limits_file::LimitsFile, PlanError> {
+    let value_err = |source| target.value_err(source);
+    let mut builder = LimitsBuilder::new(target.key.container());
     for (i, d) in devices.iter().enumerate() {
         let mem = MemoryLimitMib::new(d.memory_mib).map_err(|e| {
             value_err(LimitsFileError::UnsafeValue {
@@ -478,9 +563,14 @@ pub fn plan_container(
         })
     })?;
     builder.sm_limit(sm);
-    let vgpu_dir = settings.vgpu_dir();
     builder
-        .shared_cache(&vgpu_dir.join(USAGE_CACHE_FILE).display().to_string())
+        .shared_cache(
+            &settings
+                .vgpu_dir()
+                .join(USAGE_CACHE_FILE)
+                .display()
+                .to_string(),
+        )
         .map_err(value_err)?;
     if settings.memory_scaling > 1.0 {
         builder.oversubscribe();
@@ -491,65 +581,63 @@ pub fn plan_container(
     if settings.disable_core_limit {
         builder.core_policy(CorePolicy::Disable);
     }
-    // Everything set so far is injected as variables, in both modes; what is copied from the
-    // spec below goes into the file only (the container already has it in its environment).
     let (injected, _) = builder.clone().finish();
-    envs.extend(
+    plan.envs.extend(
         injected
             .iter()
             .filter(|(k, _)| *k != hami_shared::names::ENV_HAMI_LIMITS_FORMAT)
             .map(|(k, v)| (k.to_owned(), v.to_owned())),
     );
-    builder.copy_from_spec(&spec_env);
+    builder.copy_from_spec(spec_env);
     let (limits, copy_warnings) = builder.finish();
-    warnings.extend(copy_warnings.into_iter().map(AllocationWarning::Limits));
+    plan.warnings
+        .extend(copy_warnings.into_iter().map(AllocationWarning::Limits));
+    Ok(limits)
+}
 
+/// HAMi-core's mounts, after the device list's, in order: `<hook>/vgpu/libvgpu.so` (RO),
+/// `<hook>/vgpu` ← the per-container directory (RW), `/tmp/vgpulock` (RW), the preload pair
+/// ([`preload_mounts`]: `/etc/ld.so.preload` and `<hook>/vgpu/libhami_preload.so`, RO) unless the
+/// container's literal env sets `CUDA_DISABLE_CONTROL` true, and in `file` mode `/overrideEnv`
+/// (RO); plus the per-container directory and the limits file to create.
+fn hami_core_mounts(
+    target: &Target<'_>,
+    settings: &AllocationSettings,
+    libvgpu_host: &Path,
+    spec_env: &[SpecEnv<'_>],
+    limits: hami_shared::limits_file::LimitsFile,
+    plan: &mut AllocationPlan,
+) {
+    let vgpu_dir = settings.vgpu_dir();
     let containers_dir = settings.containers_dir();
-    let container_dir = containers_dir.join(container_key.dir_name());
-    let vgpu_container_path = vgpu_dir.display().to_string();
-    let mut mounts = vec![
+    let container_dir = containers_dir.join(target.key.dir_name());
+    plan.mounts.extend([
         mount(
             vgpu_dir.join(LIBVGPU_SO).display().to_string(),
             libvgpu_host,
             true,
         ),
-        mount(vgpu_container_path, &container_dir, false),
+        mount(vgpu_dir.display().to_string(), &container_dir, false),
         mount(VGPU_LOCK_PATH, Path::new(VGPU_LOCK_PATH), false),
-    ];
+    ]);
     let control_disabled = matches!(
-        spec_value(&spec_env, ENV_CUDA_DISABLE_CONTROL),
+        spec_value(spec_env, ENV_CUDA_DISABLE_CONTROL),
         SpecValue::Literal(v) if go_parse_bool_true(v)
     );
     if !control_disabled {
-        mounts.extend(preload_mounts(&vgpu_dir));
+        plan.mounts.extend(preload_mounts(&vgpu_dir));
     }
-    let limits_file = match resolved.delivery {
-        LimitDelivery::Env => None,
-        LimitDelivery::File => {
-            let file = PlannedFile {
-                dir: containers_dir,
-                file_name: container_key.limits_file_name(),
-                text: limits.render(),
-            };
-            mounts.push(mount(OVERRIDE_ENV_PATH, &file.path(), true));
-            Some(file)
-        }
-    };
-    Ok(AllocationPlan {
-        pod: key,
-        pod_uid: uid,
-        container: name,
-        slot,
-        entry,
-        devices: devices.to_vec(),
-        mig: false,
-        delivery,
-        envs,
-        mounts,
-        container_dir: Some(container_dir),
-        limits_file,
-        warnings,
-    })
+    if plan.delivery.mode == LimitDelivery::File {
+        let file = PlannedFile {
+            dir: containers_dir,
+            file_name: target.key.limits_file_name(),
+            text: limits.render(),
+        };
+        plan.mounts
+            .push(mount(OVERRIDE_ENV_PATH, &file.path(), true));
+        plan.limits_file = Some(file);
+    }
+    plan.container_dir = Some(container_dir);
 }
 
 /// Plans every container with a pending NVIDIA entry, in the order kubelet would allocate them
@@ -586,16 +674,61 @@ impl AllocationPlan {
     pub fn response(&self) -> crate::api::v1beta1::ContainerAllocateResponse {
         crate::api::v1beta1::ContainerAllocateResponse {
             envs: self.envs.clone().into_iter().collect(),
-            mounts: self
-                .mounts
+            mounts: self.mounts.iter().map(PlannedMount::to_api).collect(),
+            devices: self
+                .device_specs
                 .iter()
-                .map(|m| crate::api::v1beta1::Mount {
-                    container_path: m.container_path.clone(),
-                    host_path: m.host_path.clone(),
-                    read_only: m.read_only,
-                })
+                .map(PlannedDeviceSpec::to_api)
                 .collect(),
-            ..Default::default()
+            annotations: self.annotations.clone().into_iter().collect(),
+            cdi_devices: self
+                .cdi_devices
+                .iter()
+                .map(|name| crate::api::v1beta1::CdiDevice { name: name.clone() })
+                .collect(),
         }
     }
+
+    /// Applies what the host holds at the time of the call (HAMi stats both at every
+    /// `Allocate`): an optional device node that does not exist is dropped (`apiDeviceSpecs`),
+    /// and when `<hook>/vgpu/license` exists, HAMi's license pair is mounted read-only —
+    /// `/tmp/license` ← `<hook>/vgpu/license` and `/usr/bin/vgpuvalidator` ←
+    /// `<hook>/vgpu/vgpuvalidator` (not for static MIG, as in HAMi).
+    #[must_use]
+    pub fn with_host(mut self, host: &HostProbe, vgpu_dir: &Path) -> Self {
+        self.device_specs
+            .retain(|d| !d.optional || host.device_nodes.contains(&d.container_path));
+        if host.license && !self.mig {
+            self.mounts.extend([
+                mount(LICENSE_CONTAINER_PATH, &vgpu_dir.join(VGPU_LICENSE), true),
+                mount(
+                    VGPU_VALIDATOR_CONTAINER_PATH,
+                    &vgpu_dir.join(VGPU_VALIDATOR),
+                    true,
+                ),
+            ]);
+        }
+        self
+    }
+}
+
+/// `<hook>/vgpu/license` (HAMi's `Allocate`, server.go).
+pub const VGPU_LICENSE: &str = "license";
+/// Where the license is mounted.
+pub const LICENSE_CONTAINER_PATH: &str = "/tmp/license";
+/// `<hook>/vgpu/vgpuvalidator`, mounted with the license.
+pub const VGPU_VALIDATOR: &str = "vgpuvalidator";
+/// Where `vgpuvalidator` is mounted.
+pub const VGPU_VALIDATOR_CONTAINER_PATH: &str = "/usr/bin/vgpuvalidator";
+
+/// What the host held when the call was made, probed by the shell
+/// ([`crate::allocation::executor::disk::probe_host`]) and applied by
+/// [`AllocationPlan::with_host`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostProbe {
+    /// `<hook>/vgpu/license` exists.
+    pub license: bool,
+    /// The optional device nodes that exist
+    /// ([`crate::allocation::device_list::CONTROL_DEVICE_NODES`]).
+    pub device_nodes: BTreeSet<String>,
 }

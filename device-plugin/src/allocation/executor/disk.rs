@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use hami_shared::publish::{PublishError, publish_atomic, sweep_temp_files};
 
-use crate::allocation::plan::{AllocationPlan, AllocationSettings};
+use crate::allocation::device_list::CONTROL_DEVICE_NODES;
+use crate::allocation::plan::{AllocationPlan, AllocationSettings, HostProbe};
 
 /// Mode of the per-container directory: HAMi-core's shared region (`usage.cache`) and lock files
 /// are created there by whatever UID the container's processes run as (HAMi uses 0777 too).
@@ -121,4 +122,19 @@ pub fn sweep_containers_dir(settings: &AllocationSettings) -> Result<usize, Publ
         return Ok(0);
     }
     sweep_temp_files(&dir)
+}
+
+/// What the answer depends on at the time of the call, as HAMi's `Allocate` stats it: whether
+/// `license` (`<hook>/vgpu/license`) exists, and which of the optional device nodes
+/// ([`CONTROL_DEVICE_NODES`]) exist where the plugin runs (`os.Stat` in HAMi's `apiDeviceSpecs`:
+/// symbolic links followed).
+pub fn probe_host(license: &Path) -> HostProbe {
+    HostProbe {
+        license: fs::metadata(license).is_ok(),
+        device_nodes: CONTROL_DEVICE_NODES
+            .iter()
+            .filter(|p| fs::metadata(p).is_ok())
+            .map(|p| (*p).to_owned())
+            .collect(),
+    }
 }

@@ -15,7 +15,7 @@ use tonic::Status;
 use tracing::Instrument as _;
 
 use super::claims::{Claim, Claims, Selection};
-use super::disk::{Written, execute_plan};
+use super::disk::{Written, execute_plan, probe_host};
 use super::pod_api::PodApi;
 use super::timing::ALLOCATE_SPAN;
 use crate::allocation::plan::{
@@ -382,11 +382,19 @@ impl Core {
         // The blocking thread reports its spans where this call does.
         let disk_span = tracing::debug_span!("disk");
         let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
+        let license = self.settings.license_path();
+        let vgpu_dir = self.settings.vgpu_dir();
         let disk_task = {
             let disk_span = disk_span.clone();
             tokio::task::spawn_blocking(move || {
                 tracing::dispatcher::with_default(&dispatch, || {
                     disk_span.in_scope(|| {
+                        // What the answer depends on at the time of the call (as HAMi stats it).
+                        let host = probe_host(&license);
+                        let plans: Vec<AllocationPlan> = plans
+                            .into_iter()
+                            .map(|p| p.with_host(&host, &vgpu_dir))
+                            .collect();
                         let mut written: Vec<Written> = Vec::new();
                         for plan in &plans {
                             match execute_plan(plan) {
