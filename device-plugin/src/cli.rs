@@ -478,4 +478,55 @@ mod tests {
         assert_eq!(args.source.node_name, None);
         assert!(parsed.deprecations.is_empty());
     }
+
+    #[test]
+    fn hamis_second_names_of_the_cdi_hook_and_the_driver_root() {
+        let old = [
+            ("NVIDIA_CTK_PATH", "/usr/bin/nvidia-ctk"),
+            ("CONTAINER_DRIVER_ROOT", "/host-driver"),
+        ];
+        let parsed = parse(&["p", "run"], &old);
+        let Command::Run(args) = parsed.cli.command else {
+            panic!("not run")
+        };
+        let list = &args.allocate.device_list;
+        assert_eq!(list.nvidia_cdi_hook_path.as_deref(), Some("/usr/bin/nvidia-ctk"));
+        assert_eq!(list.driver_root_ctr_path.as_deref(), Some("/host-driver"));
+        assert_eq!(
+            parsed.deprecations,
+            [
+                "NVIDIA_CTK_PATH is deprecated: use NVIDIA_CDI_HOOK_PATH",
+                "CONTAINER_DRIVER_ROOT is deprecated: use DRIVER_ROOT_CTR_PATH"
+            ]
+        );
+        // HAMi's flag names and aliases; a flag wins over the second name.
+        let parsed = parse(
+            &[
+                "p",
+                "plan",
+                "--pod",
+                "x",
+                "--container-driver-root=/d",
+                "--nvidia-ctk-path",
+                "/c",
+                "--device-list-strategy",
+                "envvar",
+                "--device-list-strategy=cdi-cri",
+                "--pass-device-specs",
+                "--nvidia-dev-root",
+                "/r",
+            ],
+            &old,
+        );
+        let Command::Plan(args) = parsed.cli.command else {
+            panic!("not plan")
+        };
+        let list = &args.device_list;
+        assert_eq!(list.driver_root_ctr_path.as_deref(), Some("/d"));
+        assert_eq!(list.nvidia_cdi_hook_path.as_deref(), Some("/c"));
+        assert_eq!(list.device_list_strategy, ["envvar", "cdi-cri"]);
+        assert_eq!(list.pass_device_specs.as_deref(), Some("true"));
+        assert_eq!(list.dev_root.as_deref(), Some("/r"));
+        assert!(parsed.deprecations.is_empty());
+    }
 }

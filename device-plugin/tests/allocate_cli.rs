@@ -335,3 +335,156 @@ fn write_sweeps_leftover_temporaries() {
     let out: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(out["removedTemporaries"], 1);
 }
+
+/// `plan` with HAMi's variable names, as the DaemonSet sets them.
+fn plan_env(dir: &Path, env: &[(&str, &str)], extra: &[&str]) -> std::process::Output {
+    std::fs::write(dir.join("pod.yaml"), POD).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"));
+    cmd.arg("plan")
+        .arg("--pod")
+        .arg(dir.join("pod.yaml"))
+        .args(["--node", "gpu-0", "--hook-path"])
+        .arg(dir.join("hook"))
+        .args(extra)
+        .env_remove("HAMI_DEVICE_CONFIG")
+        .env_remove("HAMI_NODE_CONFIG");
+    for name in [
+        "DEVICE_LIST_STRATEGY",
+        "DEVICE_ID_STRATEGY",
+        "PASS_DEVICE_SPECS",
+        "NVIDIA_DRIVER_ROOT",
+        "NVIDIA_DEV_ROOT",
+        "CDI_ANNOTATION_PREFIX",
+        "NVIDIA_CDI_HOOK_PATH",
+        "NVIDIA_CTK_PATH",
+        "DRIVER_ROOT_CTR_PATH",
+        "CONTAINER_DRIVER_ROOT",
+        "GDS_ENABLED",
+        "MOFED_ENABLED",
+        "GDRCOPY_ENABLED",
+        "IMEX_CHANNEL_IDS",
+        "IMEX_REQUIRED",
+    ] {
+        cmd.env_remove(name);
+    }
+    cmd.envs(env.iter().copied()).output().unwrap()
+}
+
+#[test]
+fn hamis_device_list_variables_shape_the_plan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // GPU-b is index 1 on /dev/nvidia5; the others as the index.
+    std::fs::write(
+        dir.join("inventory.yaml"),
+        "- {uuid: GPU-a, name: x, memoryMib: 8000}\n- {uuid: GPU-b, index: 1, minor: 5, name: x, memoryMib: 8000}\n- {uuid: GPU-c, index: 2, name: x, memoryMib: 8000}\n",
+    )
+    .unwrap();
+    let inventory = dir.join("inventory.yaml").display().to_string();
+    let out = plan_env(
+        dir,
+        &[
+            ("DEVICE_LIST_STRATEGY", "envvar,cdi-cri"),
+            ("DEVICE_ID_STRATEGY", "index"),
+            ("PASS_DEVICE_SPECS", "true"),
+            ("NVIDIA_DRIVER_ROOT", "/run/nvidia/driver"),
+            ("GDS_ENABLED", "true"),
+            ("NVIDIA_CTK_PATH", "/usr/local/bin/nvidia-ctk"),
+            ("HAMI_INVENTORY", &inventory),
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("NVIDIA_CTK_PATH is deprecated: use NVIDIA_CDI_HOOK_PATH"),
+        "{stderr}"
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let notes = report["deviceListNotes"].as_array().unwrap();
+    assert!(
+        notes[0]
+            .as_str()
+            .unwrap()
+            .contains("=\"/usr/local/bin/nvidia-ctk\" has no effect"),
+        "{notes:?}"
+    );
+    let settings = &report["settings"]["deviceList"];
+    assert_eq!(settings["strategies"], serde_json::json!(["envvar", "cdi-cri"]));
+    assert_eq!(settings["idStrategy"], "index");
+    assert_eq!(settings["devRoot"], "/run/nvidia/driver");
+    let trainer = &report["containers"][1];
+    assert_eq!(trainer["envs"]["NVIDIA_VISIBLE_DEVICES"], "1,2");
+    assert_eq!(trainer["envs"]["NVIDIA_GDS"], "enabled");
+    assert_eq!(
+        trainer["cdiDevices"],
+        serde_json::json!(["nvidia.com/gpu=1", "nvidia.com/gpu=2", "nvidia.com/gds=all"])
+    );
+    // The GPUs' own nodes always; the control nodes only where this machine has them.
+    let specs: Vec<(&str, &str)> = trainer["deviceSpecs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["optional"] == false)
+        .map(|d| {
+            (
+                d["containerPath"].as_str().unwrap(),
+                d["hostPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        specs,
+        [
+            ("/dev/nvidia5", "/run/nvidia/driver/dev/nvidia5"),
+            ("/dev/nvidia2", "/run/nvidia/driver/dev/nvidia2"),
+        ]
+    );
+    for d in trainer["deviceSpecs"].as_array().unwrap() {
+        if d["optional"] == true {
+            let path = d["containerPath"].as_str().unwrap();
+            assert!(Path::new(path).exists(), "{path} passed but absent");
+        }
+    }
+}
+
+#[test]
+fn invalid_device_list_variables_are_refused_naming_key_value_and_forms() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (
+            &[("DEVICE_LIST_STRATEGY", "envvar,cdi")],
+            "DEVICE_LIST_STRATEGY (--device-list-strategy): invalid value \"envvar,cdi\": \"cdi\" is not a strategy: expected a comma-separated list of envvar, volume-mounts, cdi-annotations, cdi-cri",
+        ),
+        (
+            &[("DEVICE_LIST_STRATEGY", "")],
+            "DEVICE_LIST_STRATEGY (--device-list-strategy): invalid value \"\": an empty strategy would give containers no device list (no GPUs)",
+        ),
+        (
+            &[("IMEX_CHANNEL_IDS", "0,1")],
+            "IMEX_CHANNEL_IDS (--imex-channel-ids): invalid value \"0,1\": IMEX channelIDs must be [] or [0]; found [0, 1]",
+        ),
+        (
+            &[("IMEX_CHANNEL_IDS", "0"), ("IMEX_REQUIRED", "true"), ("DRIVER_ROOT_CTR_PATH", "/nonexistent-driver-root")],
+            "IMEX_REQUIRED (--imex-required) is true and the requested IMEX channel channel0 does not exist",
+        ),
+    ];
+    for (env, message) in cases {
+        let out = plan_env(tmp.path(), env, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{env:?}: {stderr}");
+        assert!(stderr.contains(message), "{env:?}: {stderr}");
+    }
+    // The index strategy needs the node's GPUs: without NVML or --inventory, say so.
+    let out = plan_env(
+        tmp.path(),
+        &[("DEVICE_ID_STRATEGY", "index"), ("HAMI_INVENTORY", "")],
+        &["--inventory", "/nonexistent/inventory.yaml"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("DEVICE_ID_STRATEGY=index needs this node's GPUs"),
+        "{stderr}"
+    );
+}

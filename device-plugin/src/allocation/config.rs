@@ -269,4 +269,64 @@ mod tests {
         let defaults = from_configs(&NvidiaConfig::default(), None, Path::new("/usr/local"));
         assert_eq!(defaults, AllocationSettings::default());
     }
+
+    #[test]
+    fn imex_channels_as_hamis_get_channels() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("driver-root");
+        let channels = root.join("dev/nvidia-caps-imex-channels");
+        std::fs::create_dir_all(&channels).unwrap();
+        let root = root.display().to_string();
+        let want = ImexRequest {
+            ids: vec![0],
+            required: true,
+        };
+        // A character device (symbolic links followed, as os.Stat) under <root>/dev is selected.
+        std::os::unix::fs::symlink("/dev/null", channels.join("channel0")).unwrap();
+        let mut notes = Vec::new();
+        let found = imex_channels(&want, &root, &mut notes).unwrap();
+        assert_eq!(found, [ImexChannel { id: 0 }]);
+        assert!(notes.is_empty());
+        // A regular file is not a channel: required is an error naming the paths looked at.
+        std::fs::remove_file(channels.join("channel0")).unwrap();
+        std::fs::write(channels.join("channel0"), "").unwrap();
+        let err = imex_channels(&want, &root, &mut notes).unwrap_err().to_string();
+        let host = format!("{root}/dev/nvidia-caps-imex-channels/channel0");
+        assert!(
+            err.starts_with("IMEX_REQUIRED (--imex-required) is true and the requested IMEX channel channel0 does not exist")
+                && err.contains(&format!("{host} and /dev/nvidia-caps-imex-channels/channel0"))
+                && err.contains(&format!("{host} is not a character device")),
+            "{err}"
+        );
+        // Not required: skipped with a note.
+        let optional = ImexRequest {
+            required: false,
+            ..want
+        };
+        let found = imex_channels(&optional, &root, &mut notes).unwrap();
+        assert!(found.is_empty());
+        assert!(
+            notes[0].starts_with("ignoring requested IMEX channel channel0"),
+            "{notes:?}"
+        );
+        // No channel asked for: nothing looked at.
+        let none = imex_channels(&ImexRequest::default(), "/nonexistent", &mut notes).unwrap();
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn device_list_settings_refuse_a_bad_value_at_start() {
+        let args = DeviceListArgs {
+            device_id_strategy: Some("serial".into()),
+            ..DeviceListArgs::default()
+        };
+        let err = device_list_settings(&args).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "DEVICE_ID_STRATEGY (--device-id-strategy): invalid value \"serial\": expected uuid or index"
+        );
+        let (s, notes) = device_list_settings(&DeviceListArgs::default()).unwrap();
+        assert_eq!(s, DeviceListSettings::default());
+        assert!(notes.is_empty());
+    }
 }
