@@ -101,7 +101,9 @@ fn hami_pods_get_the_list_and_the_library_through_allocate_mounts() {
         config: None,
         node_config: None,
         hook_path: hook.clone(),
+        inventory: None,
         write: true,
+        device_list: Default::default(),
     })
     .unwrap();
     assert_eq!(report.containers.len(), 1);
