@@ -112,8 +112,9 @@ pub enum Command {
     /// Print the GPUs found, the kubelet devices and the node annotation that `run` would publish.
     Inventory(InventoryArgs),
     /// Print, as JSON, what `Allocate` would give each container of a pod with pending GPU
-    /// entries (delivery mode and source, envs, mounts, limits-file text); `--write` also
-    /// publishes the files.
+    /// entries (delivery mode and source, envs, mounts, device specs, CDI annotations and
+    /// devices, limits-file text) under the device list settings given (HAMi's variables, as for
+    /// `run`); `--write` also publishes the files.
     Plan(crate::allocation::dry_run::PlanArgs),
     /// Install HAMi-core and the preload library into HOOK/vgpu, with a generated ld.so.preload,
     /// and publish the node GPU file HOOK/vgpu/node-gpus.
@@ -490,7 +491,10 @@ mod tests {
             panic!("not run")
         };
         let list = &args.allocate.device_list;
-        assert_eq!(list.nvidia_cdi_hook_path.as_deref(), Some("/usr/bin/nvidia-ctk"));
+        assert_eq!(
+            list.nvidia_cdi_hook_path.as_deref(),
+            Some("/usr/bin/nvidia-ctk")
+        );
         assert_eq!(list.driver_root_ctr_path.as_deref(), Some("/host-driver"));
         assert_eq!(
             parsed.deprecations,

@@ -410,7 +410,10 @@ fn hamis_device_list_variables_shape_the_plan() {
         "{notes:?}"
     );
     let settings = &report["settings"]["deviceList"];
-    assert_eq!(settings["strategies"], serde_json::json!(["envvar", "cdi-cri"]));
+    assert_eq!(
+        settings["strategies"],
+        serde_json::json!(["envvar", "cdi-cri"])
+    );
     assert_eq!(settings["idStrategy"], "index");
     assert_eq!(settings["devRoot"], "/run/nvidia/driver");
     let trainer = &report["containers"][1];
@@ -465,7 +468,11 @@ fn invalid_device_list_variables_are_refused_naming_key_value_and_forms() {
             "IMEX_CHANNEL_IDS (--imex-channel-ids): invalid value \"0,1\": IMEX channelIDs must be [] or [0]; found [0, 1]",
         ),
         (
-            &[("IMEX_CHANNEL_IDS", "0"), ("IMEX_REQUIRED", "true"), ("DRIVER_ROOT_CTR_PATH", "/nonexistent-driver-root")],
+            &[
+                ("IMEX_CHANNEL_IDS", "0"),
+                ("IMEX_REQUIRED", "true"),
+                ("DRIVER_ROOT_CTR_PATH", "/nonexistent-driver-root"),
+            ],
             "IMEX_REQUIRED (--imex-required) is true and the requested IMEX channel channel0 does not exist",
         ),
     ];

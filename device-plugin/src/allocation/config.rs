@@ -290,7 +290,9 @@ mod tests {
         // A regular file is not a channel: required is an error naming the paths looked at.
         std::fs::remove_file(channels.join("channel0")).unwrap();
         std::fs::write(channels.join("channel0"), "").unwrap();
-        let err = imex_channels(&want, &root, &mut notes).unwrap_err().to_string();
+        let err = imex_channels(&want, &root, &mut notes)
+            .unwrap_err()
+            .to_string();
         let host = format!("{root}/dev/nvidia-caps-imex-channels/channel0");
         assert!(
             err.starts_with("IMEX_REQUIRED (--imex-required) is true and the requested IMEX channel channel0 does not exist")

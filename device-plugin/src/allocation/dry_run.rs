@@ -252,14 +252,16 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
 }
 
 /// The node's GPUs from `--inventory`, else NVML, as `run` reads them.
-fn node_devices(args: &PlanArgs, settings: &AllocationSettings) -> Result<NodeDevices, DryRunError> {
-    let needed_by = if settings.device_list.id_strategy
-        == super::device_list::DeviceIdStrategy::Index
-    {
-        "DEVICE_ID_STRATEGY=index"
-    } else {
-        "PASS_DEVICE_SPECS=true"
-    };
+fn node_devices(
+    args: &PlanArgs,
+    settings: &AllocationSettings,
+) -> Result<NodeDevices, DryRunError> {
+    let needed_by =
+        if settings.device_list.id_strategy == super::device_list::DeviceIdStrategy::Index {
+            "DEVICE_ID_STRATEGY=index"
+        } else {
+            "PASS_DEVICE_SPECS=true"
+        };
     let wrap = |source| DryRunError::NodeDevices { needed_by, source };
     let gpus = match &args.inventory {
         Some(path) => FileInventory::new(path).discover().map_err(wrap)?,

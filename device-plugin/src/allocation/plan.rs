@@ -12,8 +12,8 @@ use hami_shared::container::{
 use hami_shared::limits_file::LimitsFileError;
 use hami_shared::names::{
     ANNOTATION_LIMIT_DELIVERY, CONTAINERS_DIR, ENV_CUDA_DEVICE_SM_LIMIT, ENV_CUDA_DISABLE_CONTROL,
-    LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH, LIBHAMI_PRELOAD_SO,
-    LIBVGPU_SO, OVERRIDE_ENV_PATH, USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH, memory_limit_env,
+    LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH, LIBHAMI_PRELOAD_SO, LIBVGPU_SO, OVERRIDE_ENV_PATH,
+    USAGE_CACHE_FILE, VGPU_DIR, VGPU_LOCK_PATH, memory_limit_env,
 };
 use hami_shared::values::{
     CorePolicy, DeliverySource, LimitDelivery, MemoryLimitMib, SmLimit, resolve_limit_delivery,
@@ -22,8 +22,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 
 use super::codec::{ContainerDevice, ContainerSlot, PodDevices};
-pub use super::container_response::{PlannedDeviceSpec, PlannedMount};
 use super::container_response::mount;
+pub use super::container_response::{PlannedDeviceSpec, PlannedMount};
 use super::device_list::{self, DeviceListError, DeviceListSettings, NodeDevices};
 use super::pod_lookup::pod::annotation;
 
@@ -416,7 +416,14 @@ pub fn plan_container(
     }
     let spec_env = spec_env(target.container);
     let limits = hami_core_limits(&target, devices, settings, &spec_env, &mut plan)?;
-    hami_core_mounts(&target, settings, libvgpu_host, &spec_env, limits, &mut plan);
+    hami_core_mounts(
+        &target,
+        settings,
+        libvgpu_host,
+        &spec_env,
+        limits,
+        &mut plan,
+    );
     Ok(plan)
 }
 

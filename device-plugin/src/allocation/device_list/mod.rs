@@ -307,7 +307,9 @@ pub enum DeviceListError {
     },
     /// A device ID that is not a valid CDI device name (`[A-Za-z0-9][A-Za-z0-9_.:-]*`, ending
     /// alphanumeric): the runtime would refuse it.
-    #[error("device ID {id:?} is not a valid CDI device name (letters, digits, '_', '.', ':', '-'; first and last a letter or digit)")]
+    #[error(
+        "device ID {id:?} is not a valid CDI device name (letters, digits, '_', '.', ':', '-'; first and last a letter or digit)"
+    )]
     InvalidCdiName {
         /// The ID.
         id: String,
@@ -329,7 +331,8 @@ pub fn answer(
     if strategies.any_cdi() {
         let devices = cdi_devices(settings, &ids)?;
         if strategies.includes(DeviceListStrategy::CdiAnnotations) && !devices.is_empty() {
-            out.annotations = cdi_annotations(&settings.cdi_annotation_prefix, response_id, &devices);
+            out.annotations =
+                cdi_annotations(&settings.cdi_annotation_prefix, response_id, &devices);
         }
         if strategies.includes(DeviceListStrategy::CdiCri) {
             out.cdi_devices = devices;
@@ -509,7 +512,12 @@ fn device_specs(
             }
         }
     }
-    specs.extend(settings.imex_channels.iter().map(|c| spec(&c.path(), false)));
+    specs.extend(
+        settings
+            .imex_channels
+            .iter()
+            .map(|c| spec(&c.path(), false)),
+    );
     Ok(specs)
 }
 
@@ -532,7 +540,10 @@ mod tests {
         assert!(DeviceListStrategies::new([]).is_none());
         let cdi = DeviceListStrategies::new([CdiAnnotations, CdiCri]).unwrap_or_default();
         assert!(cdi.all_cdi());
-        assert_eq!(DeviceListStrategy::parse("volume-mounts"), Some(VolumeMounts));
+        assert_eq!(
+            DeviceListStrategy::parse("volume-mounts"),
+            Some(VolumeMounts)
+        );
         assert_eq!(DeviceListStrategy::parse("Envvar"), None);
     }
 
@@ -547,7 +558,9 @@ mod tests {
 
     #[test]
     fn cdi_device_names() {
-        assert!(is_cdi_device_name("GPU-6e8a1c2d-0000-1111-2222-333344445555"));
+        assert!(is_cdi_device_name(
+            "GPU-6e8a1c2d-0000-1111-2222-333344445555"
+        ));
         assert!(is_cdi_device_name("0"));
         assert!(is_cdi_device_name("MIG-1:2"));
         for bad in ["", "-a", "a-", "a b", "a/b", "a=b"] {

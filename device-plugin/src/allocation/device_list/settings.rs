@@ -43,11 +43,21 @@ pub struct DeviceListArgs {
     )]
     pub nvidia_driver_root: Option<String>,
     /// The root of the NVIDIA device nodes on the host (default NVIDIA_DRIVER_ROOT).
-    #[arg(long = "dev-root", visible_alias = "nvidia-dev-root", env = "NVIDIA_DEV_ROOT", value_name = "DIR")]
+    #[arg(
+        long = "dev-root",
+        visible_alias = "nvidia-dev-root",
+        env = "NVIDIA_DEV_ROOT",
+        value_name = "DIR"
+    )]
     pub dev_root: Option<String>,
     /// Where the driver root is mounted in this container (default /driver-root): where IMEX
     /// channels are looked for.
-    #[arg(long = "driver-root-ctr-path", visible_alias = "container-driver-root", env = "DRIVER_ROOT_CTR_PATH", value_name = "DIR")]
+    #[arg(
+        long = "driver-root-ctr-path",
+        visible_alias = "container-driver-root",
+        env = "DRIVER_ROOT_CTR_PATH",
+        value_name = "DIR"
+    )]
     pub driver_root_ctr_path: Option<String>,
     /// Prefix of the CDI annotation keys (default cdi.k8s.io/).
     #[arg(
@@ -58,7 +68,12 @@ pub struct DeviceListArgs {
     pub cdi_annotation_prefix: Option<String>,
     /// HAMi writes it into the CDI spec it generates; hami-device-plugin generates none, so it has
     /// no effect (generate the spec with nvidia-ctk cdi generate --nvidia-cdi-hook-path).
-    #[arg(long = "nvidia-cdi-hook-path", visible_alias = "nvidia-ctk-path", env = "NVIDIA_CDI_HOOK_PATH", value_name = "PATH")]
+    #[arg(
+        long = "nvidia-cdi-hook-path",
+        visible_alias = "nvidia-ctk-path",
+        env = "NVIDIA_CDI_HOOK_PATH",
+        value_name = "PATH"
+    )]
     pub nvidia_cdi_hook_path: Option<String>,
     /// Containers get NVIDIA_GDRCOPY=enabled (CDI: nvidia.com/gdrcopy=all).
     #[arg(long = "gdrcopy-enabled", env = "GDRCOPY_ENABLED", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
@@ -380,7 +395,11 @@ impl DeviceListArgs {
     /// What the start-up log should say about these settings.
     fn notes(&self, settings: &DeviceListSettings) -> Vec<String> {
         let mut notes = Vec::new();
-        if let Some(hook) = self.nvidia_cdi_hook_path.as_deref().filter(|s| !s.is_empty()) {
+        if let Some(hook) = self
+            .nvidia_cdi_hook_path
+            .as_deref()
+            .filter(|s| !s.is_empty())
+        {
             notes.push(format!(
                 "{}={hook:?} has no effect: HAMi writes it into the CDI spec it generates, hami-device-plugin generates no CDI spec (nvidia-ctk cdi generate --nvidia-cdi-hook-path does)",
                 keys::NVIDIA_CDI_HOOK_PATH
@@ -413,9 +432,7 @@ impl DeviceListArgs {
 /// followed by `/` (containerd reads `cdi.k8s.io/`; the NVIDIA runtime's CDI mode reads the
 /// prefixes it is configured with, e.g. `nvidia.cdi.k8s.io/`).
 fn check_cdi_prefix(prefix: &str) -> Result<(), DeviceListConfigError> {
-    let ok = prefix
-        .strip_suffix('/')
-        .is_some_and(|domain| is_dns_subdomain(domain));
+    let ok = prefix.strip_suffix('/').is_some_and(is_dns_subdomain);
     if ok {
         return Ok(());
     }
@@ -470,9 +487,7 @@ mod tests {
             a.imex_required = Some("t".into());
         });
         let p = a.parse().map_err(|e| e.to_string());
-        let Ok(p) = p else {
-            panic!("{p:?}")
-        };
+        let Ok(p) = p else { panic!("{p:?}") };
         use DeviceListStrategy::*;
         assert_eq!(
             p.settings.strategies.as_slice(),
@@ -509,15 +524,28 @@ mod tests {
             ),
             (
                 args(|a| a.device_list_strategy = vec!["envvar,cdi".into()]),
-                &["DEVICE_LIST_STRATEGY", "\"envvar,cdi\"", "\"cdi\" is not a strategy", "cdi-cri"],
+                &[
+                    "DEVICE_LIST_STRATEGY",
+                    "\"envvar,cdi\"",
+                    "\"cdi\" is not a strategy",
+                    "cdi-cri",
+                ],
             ),
             (
                 args(|a| a.device_id_strategy = Some("serial".into())),
-                &["DEVICE_ID_STRATEGY (--device-id-strategy)", "\"serial\"", "uuid or index"],
+                &[
+                    "DEVICE_ID_STRATEGY (--device-id-strategy)",
+                    "\"serial\"",
+                    "uuid or index",
+                ],
             ),
             (
                 args(|a| a.pass_device_specs = Some("yes".into())),
-                &["PASS_DEVICE_SPECS (--pass-device-specs)", "\"yes\"", "TRUE, true"],
+                &[
+                    "PASS_DEVICE_SPECS (--pass-device-specs)",
+                    "\"yes\"",
+                    "TRUE, true",
+                ],
             ),
             (
                 args(|a| a.mofed_enabled = Some("on".into())),
@@ -533,7 +561,11 @@ mod tests {
             ),
             (
                 args(|a| a.imex_channel_ids = vec!["1".into()]),
-                &["IMEX_CHANNEL_IDS (--imex-channel-ids)", "\"1\"", "[] or [0]; found [1]"],
+                &[
+                    "IMEX_CHANNEL_IDS (--imex-channel-ids)",
+                    "\"1\"",
+                    "[] or [0]; found [1]",
+                ],
             ),
             (
                 args(|a| a.imex_channel_ids = vec!["0,x".into()]),
@@ -544,7 +576,11 @@ mod tests {
                     a.device_list_strategy = vec!["cdi-annotations".into()];
                     a.cdi_annotation_prefix = Some("nvidia.cdi.k8s.io".into());
                 }),
-                &["CDI_ANNOTATION_PREFIX (--cdi-annotation-prefix)", "\"nvidia.cdi.k8s.io\"", "followed by '/'"],
+                &[
+                    "CDI_ANNOTATION_PREFIX (--cdi-annotation-prefix)",
+                    "\"nvidia.cdi.k8s.io\"",
+                    "followed by '/'",
+                ],
             ),
         ];
         for (a, wanted) in cases {
@@ -573,7 +609,10 @@ mod tests {
         let notes = a.parse().map(|p| p.notes).unwrap_or_default();
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(notes[0].starts_with("NVIDIA_CDI_HOOK_PATH (--nvidia-cdi-hook-path)=\"/usr/bin/nvidia-cdi-hook\" has no effect"));
-        assert!(notes[1].contains("nvidia.com/gpu=<uuid>") && notes[1].contains("nvidia-ctk cdi generate"));
+        assert!(
+            notes[1].contains("nvidia.com/gpu=<uuid>")
+                && notes[1].contains("nvidia-ctk cdi generate")
+        );
         assert!(notes[2].starts_with("PASS_DEVICE_SPECS (--pass-device-specs) has no effect"));
     }
 }

@@ -491,7 +491,7 @@ impl Core {
             tracing::info!(
                 pod = %key,
                 container = %plan.container,
-                devices = %plan.envs.get(hami_shared::names::ENV_NVIDIA_VISIBLE_DEVICES).map_or("", String::as_str),
+                devices = %plan.devices.iter().map(|d| d.uuid.as_str()).collect::<Vec<_>>().join(","),
                 delivery = %plan.delivery.mode,
                 delivery_source = %plan.delivery.source,
                 limits_file = %plan.limits_file.as_ref().map(|f| f.path().display().to_string()).unwrap_or_default(),
