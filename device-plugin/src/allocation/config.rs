@@ -122,7 +122,59 @@ pub fn device_list_settings(
     let mut settings = parsed.settings;
     settings.imex_channels =
         imex_channels(&parsed.imex, &parsed.container_driver_root, &mut notes)?;
+    let dirs = CDI_SPEC_DIRS.map(Path::new);
+    notes.extend(missing_cdi_specs(&settings, &dirs));
     Ok((settings, notes))
+}
+
+/// Where container runtimes read CDI specs (the CDI defaults; the NVIDIA toolkit writes
+/// `/etc/cdi/nvidia.yaml` or `/var/run/cdi/nvidia.yaml`).
+pub const CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
+
+/// A note per CDI kind the answers name that no spec in `dirs` defines, when this container
+/// can read one of them at all (HAMi's chart mounts `/var/run/cdi`; where no directory is
+/// visible, nothing can be said). A note, not a refusal: the spec may sit in a directory this
+/// container does not see.
+fn missing_cdi_specs(settings: &DeviceListSettings, dirs: &[&Path]) -> Vec<String> {
+    let named = settings.cdi_kinds_named();
+    if named.is_empty() {
+        return Vec::new();
+    }
+    let mut visible = false;
+    let mut kinds = std::collections::BTreeSet::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        visible = true;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let spec = matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("json" | "yaml" | "yml")
+            );
+            let text = spec.then(|| std::fs::read_to_string(&path).ok()).flatten();
+            // YAML is a superset of JSON: one parser for both forms of a spec.
+            let kind = text
+                .and_then(|t| serde_yaml_ng::from_str::<serde_json::Value>(&t).ok())
+                .and_then(|v| v.get("kind").and_then(|k| k.as_str()).map(str::to_owned));
+            kinds.extend(kind);
+        }
+    }
+    if !visible {
+        return Vec::new();
+    }
+    let looked: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    named
+        .into_iter()
+        .filter(|k| !kinds.contains(k))
+        .map(|k| {
+            format!(
+                "DEVICE_LIST_STRATEGY names CDI devices of kind {k}, and no CDI spec in {} defines it: the runtime will refuse to create the containers unless a spec for it exists on the node (nvidia-ctk cdi generate)",
+                looked.join(", ")
+            )
+        })
+        .collect()
 }
 
 /// HAMi's `imex.GetChannels`: a channel is selected when its device node is a character device
@@ -330,5 +382,46 @@ mod tests {
         let (s, notes) = device_list_settings(&DeviceListArgs::default()).unwrap();
         assert_eq!(s, DeviceListSettings::default());
         assert!(notes.is_empty());
+    }
+
+    #[test]
+    fn cdi_kinds_without_a_spec_are_noted() {
+        let tmp = tempfile::tempdir().unwrap();
+        let etc = tmp.path().join("etc-cdi");
+        let run = tmp.path().join("run-cdi");
+        std::fs::create_dir_all(&etc).unwrap();
+        write(
+            &etc,
+            "nvidia.yaml",
+            "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: []\n",
+        );
+        write(&etc, "notes.txt", "kind: nvidia.com/gds\n");
+        let settings = DeviceListSettings {
+            strategies: super::super::device_list::DeviceListStrategies::new([
+                super::super::device_list::DeviceListStrategy::CdiCri,
+            ])
+            .unwrap(),
+            gds: true,
+            ..DeviceListSettings::default()
+        };
+        let notes = missing_cdi_specs(&settings, &[&etc, &run]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with(
+                "DEVICE_LIST_STRATEGY names CDI devices of kind nvidia.com/gds, and no CDI spec in"
+            ),
+            "{notes:?}"
+        );
+        std::fs::create_dir_all(&run).unwrap();
+        write(
+            &run,
+            "gds.json",
+            r#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gds","devices":[]}"#,
+        );
+        assert!(missing_cdi_specs(&settings, &[&etc, &run]).is_empty());
+        // No directory visible: nothing to say. No CDI strategy: nothing looked at.
+        let gone = tmp.path().join("gone");
+        assert!(missing_cdi_specs(&settings, &[&gone]).is_empty());
+        assert!(missing_cdi_specs(&DeviceListSettings::default(), &[&etc]).is_empty());
     }
 }

@@ -275,6 +275,30 @@ impl DeviceListSettings {
     }
 }
 
+impl DeviceListSettings {
+    /// The CDI kinds (`vendor/class`) whose spec the answers name (none without a CDI
+    /// strategy).
+    pub fn cdi_kinds_named(&self) -> Vec<String> {
+        if !self.strategies.any_cdi() {
+            return Vec::new();
+        }
+        let mut kinds = vec![format!("{CDI_VENDOR}/gpu")];
+        if !self.imex_channels.is_empty() {
+            kinds.push(format!("{CDI_VENDOR}/imex-channel"));
+        }
+        for (on, class) in [
+            (self.gdrcopy, "gdrcopy"),
+            (self.gds, "gds"),
+            (self.mofed, "mofed"),
+        ] {
+            if on {
+                kinds.push(format!("{CDI_VENDOR}/{class}"));
+            }
+        }
+        kinds
+    }
+}
+
 /// What the device list adds to a container's answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
