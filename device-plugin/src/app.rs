@@ -530,7 +530,9 @@ pub async fn run_with_options(
         client: client.clone(),
         source: args.source.clone(),
         allocate: args.allocate.clone(),
-        node_devices: crate::allocation::device_list::NodeDevices::from_gpus(table.gpus()),
+        // Every GPU found (whole GPUs: index and /dev/nvidia<minor>); the scheduler assigns
+        // only advertised ones.
+        node_devices: crate::allocation::device_list::NodeDevices::from_gpus(&found),
         metrics: Arc::clone(&metrics),
         pod_cache: pod_cache.clone(),
     };

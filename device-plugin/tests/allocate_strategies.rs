@@ -55,6 +55,7 @@ fn node() -> NodeDevices {
         numa_node: None,
         mig_enabled: false,
         healthy: true,
+        mig_devices: vec![],
     };
     NodeDevices::from_gpus(&[gpu(GPU_A, 0, 0), gpu(GPU_B, 1, 3)])
 }
