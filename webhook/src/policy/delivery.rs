@@ -12,14 +12,23 @@ use crate::policy::mutation::{Denial, PodMutation};
 /// # Errors
 /// [`Denial`] naming the pod, the annotation and the value.
 pub fn validate(m: &PodMutation<'_, '_>) -> Result<Option<LimitDelivery>, Denial> {
-    match m.pod().annotation(ANNOTATION_LIMIT_DELIVERY) {
-        None => Ok(None),
-        Some(value) => match value.parse::<LimitDelivery>() {
-            Ok(delivery) => Ok(Some(delivery)),
-            Err(_) => Err(m.deny(format_args!(
-                "annotation {ANNOTATION_LIMIT_DELIVERY}={value:?} is not one of: {}",
-                LimitDelivery::ACCEPTED
-            ))),
-        },
-    }
+    m.pod()
+        .annotation(ANNOTATION_LIMIT_DELIVERY)
+        .map(parse)
+        .transpose()
+        .map_err(|reason| m.deny(reason))
+}
+
+/// An annotation value parsed, or why it is refused: the one message of a bad value, on CREATE
+/// ([`validate`]) and on UPDATE ([`crate::policy::update`]).
+///
+/// # Errors
+/// The reason, naming the annotation, the value and the accepted forms.
+pub fn parse(value: &str) -> Result<LimitDelivery, String> {
+    value.parse().map_err(|_| {
+        format!(
+            "annotation {ANNOTATION_LIMIT_DELIVERY}={value:?} is not one of: {}",
+            LimitDelivery::ACCEPTED
+        )
+    })
 }

@@ -71,46 +71,59 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
         };
         any_gpu = true;
         m.check_patch_size()?;
-        if container.is_privileged() {
-            let why = format!(
-                "container {:?} is privileged and requests {resource}: a privileged container sees every GPU on the node",
-                container.name
-            );
-            if settings.deny_privileged_gpu_containers {
-                return Err(m.deny(why));
-            }
-            m.warn(format!("{why}; its GPU limits cannot be enforced"));
-        }
-        check_device_plugin_mounts(m, container)?;
-        let priority_name = settings.nvidia.resource_priority_name.as_str();
-        if let Some(raw) = container.limit(priority_name) {
-            let priority: TaskPriority = raw.parse().map_err(|_| {
-                m.deny(format_args!(
-                    "container {:?}: limit {priority_name}={raw:?} is not an integer",
-                    container.name
-                ))
-            })?;
-            set_env(
-                m,
-                at,
-                container,
-                ENV_CUDA_TASK_PRIORITY,
-                &priority.to_string(),
-            );
-        }
-        let policy = settings.nvidia.gpu_core_policy;
-        if policy != CorePolicy::Default {
-            set_env(
-                m,
-                at,
-                container,
-                ENV_GPU_CORE_UTILIZATION_POLICY,
-                policy.as_str(),
-            );
-        }
+        mutate_gpu_container(m, at, container, resource, settings)?;
     }
     if any_gpu && retarget {
         m.patch.set_scheduler_name(&settings.scheduler_name);
+    }
+    Ok(())
+}
+
+/// One GPU container (it names `resource`): the privileged check, the device plugin's mount
+/// paths, `CUDA_TASK_PRIORITY` from the priority limit and `GPU_CORE_UTILIZATION_POLICY`.
+fn mutate_gpu_container(
+    m: &mut PodMutation<'_, '_>,
+    at: ContainerRef,
+    container: &Container<'_>,
+    resource: &str,
+    settings: &Settings,
+) -> Result<(), Denial> {
+    if container.is_privileged() {
+        let why = format!(
+            "container {:?} is privileged and requests {resource}: a privileged container sees every GPU on the node",
+            container.name
+        );
+        if settings.deny_privileged_gpu_containers {
+            return Err(m.deny(why));
+        }
+        m.warn(format!("{why}; its GPU limits cannot be enforced"));
+    }
+    check_device_plugin_mounts(m, container)?;
+    let priority_name = settings.nvidia.resource_priority_name.as_str();
+    if let Some(raw) = container.limit(priority_name) {
+        let priority: TaskPriority = raw.parse().map_err(|_| {
+            m.deny(format_args!(
+                "container {:?}: limit {priority_name}={raw:?} is not an integer",
+                container.name
+            ))
+        })?;
+        set_env(
+            m,
+            at,
+            container,
+            ENV_CUDA_TASK_PRIORITY,
+            &priority.to_string(),
+        );
+    }
+    let policy = settings.nvidia.gpu_core_policy;
+    if policy != CorePolicy::Default {
+        set_env(
+            m,
+            at,
+            container,
+            ENV_GPU_CORE_UTILIZATION_POLICY,
+            policy.as_str(),
+        );
     }
     Ok(())
 }

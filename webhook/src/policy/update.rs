@@ -10,7 +10,6 @@
 use std::collections::BTreeMap;
 
 use hami_shared::names::ANNOTATION_LIMIT_DELIVERY;
-use hami_shared::values::LimitDelivery;
 
 use crate::policy::kai::downward::ANNOTATION_PREFIX;
 use crate::policy::mutation::Decision;
@@ -68,12 +67,9 @@ pub fn review(pod: &Pod<'_>, old: &PodMetadata<'_>, request_namespace: Option<&s
         .and_then(|a| a.get(ANNOTATION_LIMIT_DELIVERY));
     if let Some(value) = pod.annotation(ANNOTATION_LIMIT_DELIVERY)
         && Some(value) != was
-        && value.parse::<LimitDelivery>().is_err()
+        && let Err(reason) = crate::policy::delivery::parse(value)
     {
-        return deny(format!(
-            "annotation {ANNOTATION_LIMIT_DELIVERY}={value:?} is not one of: {}",
-            LimitDelivery::ACCEPTED
-        ));
+        return deny(reason);
     }
     Decision::allow()
 }

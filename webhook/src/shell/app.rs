@@ -252,13 +252,13 @@ fn emit(out: &CommandOutput) -> ExitCode {
     ExitCode::from(u8::try_from(out.code).unwrap_or(2))
 }
 
-fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
+/// The `serve` flags over their settings keys (`--dev` moves the default addresses to loopback;
+/// configured ones stay).
+fn apply_serve_flags(args: &ServeArgs, server: &mut ServerSettings) {
     let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
     let defaults = ServerSettings::default();
-    let server = &mut settings.server;
     match (args.listen, args.dev) {
         (Some(a), _) => server.listen = a,
-        // --dev moves the default address to loopback; a configured one stays.
         (None, true) if server.listen == defaults.listen => server.listen = local(9443),
         (None, _) => {}
     }
@@ -269,16 +269,20 @@ fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
         }
         (None, _) => {}
     }
-    if let Some(c) = args.tls_cert {
-        server.tls_cert = c;
+    if let Some(c) = &args.tls_cert {
+        server.tls_cert.clone_from(c);
     }
-    if let Some(k) = args.tls_key {
-        server.tls_key = k;
+    if let Some(k) = &args.tls_key {
+        server.tls_key.clone_from(k);
     }
     if let Some(n) = args.worker_threads {
         server.worker_threads = n;
     }
-    let runtime = match settings.server.worker_threads {
+}
+
+/// The Tokio runtime: `worker_threads` 1 is single-threaded, 0 one worker per usable CPU.
+fn runtime(worker_threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    match worker_threads {
         1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
@@ -289,8 +293,12 @@ fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
             .worker_threads(n)
             .enable_all()
             .build(),
-    };
-    let runtime = match runtime {
+    }
+}
+
+fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
+    apply_serve_flags(&args, &mut settings.server);
+    let runtime = match runtime(settings.server.worker_threads) {
         Ok(r) => r,
         Err(e) => return fail(&format!("cannot start the runtime: {e}")),
     };

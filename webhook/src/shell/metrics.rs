@@ -19,6 +19,14 @@ type Label = [(&'static str, &'static str); 1];
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    reviews: ReviewMetrics,
+    connections: ConnectionMetrics,
+    certificates: CertificateMetrics,
+}
+
+/// The reviews: answered by outcome, refused before review, latency, in flight.
+#[derive(Debug)]
+struct ReviewMetrics {
     allowed: Counter,
     patched: Counter,
     denied: Counter,
@@ -26,12 +34,22 @@ pub struct Metrics {
     http_errors: Family<Label, Counter>,
     latency: Histogram,
     in_flight: Gauge,
+}
+
+/// The admission connections: failed handshakes, open now, closed by the server.
+#[derive(Debug)]
+struct ConnectionMetrics {
     tls_handshake_failures: Counter,
-    connections_open: Gauge,
-    connections_closed: Family<Label, Counter>,
-    cert_reload_success: Counter,
-    cert_reload_failure: Counter,
-    cert_expiry: Gauge,
+    open: Gauge,
+    closed: Family<Label, Counter>,
+}
+
+/// The serving certificate: loads by result, expiry of the one in use.
+#[derive(Debug)]
+struct CertificateMetrics {
+    reload_success: Counter,
+    reload_failure: Counter,
+    expiry: Gauge,
 }
 
 impl Default for Metrics {
@@ -40,12 +58,8 @@ impl Default for Metrics {
     }
 }
 
-impl Metrics {
-    /// Register every metric in a fresh registry (prefix `hami_webhook`).
-    #[must_use]
-    pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("hami_webhook");
-        hami_ops::register_build_info(&mut registry, "hami-webhook", env!("CARGO_PKG_VERSION"));
+impl ReviewMetrics {
+    fn register(registry: &mut Registry) -> Self {
         let requests = Family::<Label, Counter>::default();
         registry.register(
             "admission_requests",
@@ -73,45 +87,10 @@ impl Metrics {
             "Reviews being processed now",
             in_flight.clone(),
         );
-        let tls_handshake_failures = Counter::default();
-        registry.register(
-            "tls_handshake_failures",
-            "TLS handshakes that failed or timed out",
-            tls_handshake_failures.clone(),
-        );
-        let connections_open = Gauge::default();
-        registry.register(
-            "connections_open",
-            "Admission (HTTPS) connections open now",
-            connections_open.clone(),
-        );
-        let connections_closed = Family::<Label, Counter>::default();
-        registry.register(
-            "connections_closed",
-            "Admission connections closed by the server, by reason (idle: idle timeout; evicted: at maxConnections, the idlest; shutdown: idle or over the grace period at shutdown)",
-            connections_closed.clone(),
-        );
-        for reason in ["idle", "evicted", "shutdown"] {
-            let _ = connections_closed.get_or_create(&[("reason", reason)]);
-        }
-        let reloads = Family::<Label, Counter>::default();
-        registry.register(
-            "certificate_reloads",
-            "Certificate loads from files, by result (success, failure)",
-            reloads.clone(),
-        );
-        let cert_expiry = Gauge::default();
-        registry.register(
-            "certificate_expiry_timestamp_seconds",
-            "notAfter of the serving certificate in use, Unix seconds",
-            cert_expiry.clone(),
-        );
         let allowed = outcome(Outcome::Allowed);
         let patched = outcome(Outcome::Patched);
         let denied = outcome(Outcome::Denied);
         let invalid = outcome(Outcome::Invalid);
-        let cert_reload_success = reloads.get_or_create(&[("result", "success")]).clone();
-        let cert_reload_failure = reloads.get_or_create(&[("result", "failure")]).clone();
         Self {
             allowed,
             patched,
@@ -120,13 +99,88 @@ impl Metrics {
             http_errors,
             latency,
             in_flight,
+        }
+    }
+
+    fn counter(&self, outcome: Outcome) -> &Counter {
+        match outcome {
+            Outcome::Allowed => &self.allowed,
+            Outcome::Patched => &self.patched,
+            Outcome::Denied => &self.denied,
+            Outcome::Invalid => &self.invalid,
+        }
+    }
+}
+
+impl ConnectionMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let tls_handshake_failures = Counter::default();
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed or timed out",
+            tls_handshake_failures.clone(),
+        );
+        let open = Gauge::default();
+        registry.register(
+            "connections_open",
+            "Admission (HTTPS) connections open now",
+            open.clone(),
+        );
+        let closed = Family::<Label, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Admission connections closed by the server, by reason (idle: idle timeout; evicted: at maxConnections, the idlest; shutdown: idle or over the grace period at shutdown)",
+            closed.clone(),
+        );
+        for reason in ["idle", "evicted", "shutdown"] {
+            let _ = closed.get_or_create(&[("reason", reason)]);
+        }
+        Self {
             tls_handshake_failures,
-            connections_open,
-            connections_closed,
-            cert_reload_success,
-            cert_reload_failure,
-            cert_expiry,
+            open,
+            closed,
+        }
+    }
+}
+
+impl CertificateMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let reloads = Family::<Label, Counter>::default();
+        registry.register(
+            "certificate_reloads",
+            "Certificate loads from files, by result (success, failure)",
+            reloads.clone(),
+        );
+        let expiry = Gauge::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate in use, Unix seconds",
+            expiry.clone(),
+        );
+        let reload_success = reloads.get_or_create(&[("result", "success")]).clone();
+        let reload_failure = reloads.get_or_create(&[("result", "failure")]).clone();
+        Self {
+            reload_success,
+            reload_failure,
+            expiry,
+        }
+    }
+}
+
+impl Metrics {
+    /// Register every metric in a fresh registry (prefix `hami_webhook`).
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("hami_webhook");
+        hami_ops::register_build_info(&mut registry, "hami-webhook", env!("CARGO_PKG_VERSION"));
+        let reviews = ReviewMetrics::register(&mut registry);
+        let connections = ConnectionMetrics::register(&mut registry);
+        let certificates = CertificateMetrics::register(&mut registry);
+        Self {
             registry,
+            reviews,
+            connections,
+            certificates,
         }
     }
 
@@ -137,26 +191,14 @@ impl Metrics {
 
     /// Count one answered review and its latency.
     pub fn observe_review(&self, outcome: Outcome, elapsed: Duration) {
-        match outcome {
-            Outcome::Allowed => &self.allowed,
-            Outcome::Patched => &self.patched,
-            Outcome::Denied => &self.denied,
-            Outcome::Invalid => &self.invalid,
-        }
-        .inc();
-        self.latency.observe(elapsed.as_secs_f64());
+        self.reviews.counter(outcome).inc();
+        self.reviews.latency.observe(elapsed.as_secs_f64());
     }
 
     /// Count reviews answered with `outcome` so far.
     #[must_use]
     pub fn reviews(&self, outcome: Outcome) -> u64 {
-        match outcome {
-            Outcome::Allowed => &self.allowed,
-            Outcome::Patched => &self.patched,
-            Outcome::Denied => &self.denied,
-            Outcome::Invalid => &self.invalid,
-        }
-        .get()
+        self.reviews.counter(outcome).get()
     }
 
     /// Count a request refused with HTTP `code` before any review.
@@ -168,52 +210,55 @@ impl Metrics {
             415 => "415",
             _ => "other",
         };
-        self.http_errors.get_or_create(&[("code", label)]).inc();
+        self.reviews
+            .http_errors
+            .get_or_create(&[("code", label)])
+            .inc();
     }
 
     /// The in-flight gauge.
     #[must_use]
     pub fn in_flight(&self) -> &Gauge {
-        &self.in_flight
+        &self.reviews.in_flight
     }
 
     /// Count a failed or timed-out TLS handshake.
     pub fn observe_handshake_failure(&self) {
-        self.tls_handshake_failures.inc();
+        self.connections.tls_handshake_failures.inc();
     }
 
     /// The open-connections gauge.
     #[must_use]
     pub fn connections_open(&self) -> &Gauge {
-        &self.connections_open
+        &self.connections.open
     }
 
     /// Count a connection the server closed: `idle`, `evicted` or `shutdown`.
     pub fn observe_connection_closed(&self, reason: &'static str) {
-        self.connections_closed
+        self.connections
+            .closed
             .get_or_create(&[("reason", reason)])
             .inc();
     }
 
     /// Count a certificate load; on success record the new expiry.
     pub fn observe_cert_reload(&self, ok: bool, not_after_unix: Option<i64>) {
+        let c = &self.certificates;
         if ok {
-            self.cert_reload_success.inc();
+            c.reload_success.inc();
             if let Some(t) = not_after_unix {
-                self.cert_expiry.set(t);
+                c.expiry.set(t);
             }
         } else {
-            self.cert_reload_failure.inc();
+            c.reload_failure.inc();
         }
     }
 
     /// (successes, failures) of certificate loads so far.
     #[must_use]
     pub fn cert_reloads(&self) -> (u64, u64) {
-        (
-            self.cert_reload_success.get(),
-            self.cert_reload_failure.get(),
-        )
+        let c = &self.certificates;
+        (c.reload_success.get(), c.reload_failure.get())
     }
 
     /// The OpenMetrics text exposition (with the `process_*` metrics).

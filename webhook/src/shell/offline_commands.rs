@@ -5,8 +5,9 @@ use serde_json::Value;
 
 use crate::policy::basis::VramBasis;
 use crate::policy::decide::decide_pod;
-use crate::policy::mutation::Decision;
+use crate::policy::mutation::{Decision, ProjectedFile};
 use crate::policy::settings::Settings;
+use crate::wire::patch::PatchOp;
 use crate::wire::pod::Pod;
 
 /// What a command prints and how it exits.
@@ -58,17 +59,10 @@ pub fn mutate_command(
         stderr: format!("hami-webhook mutate: {message}\n"),
         code: 2,
     };
-    // YAML is a superset of JSON, so one parser reads both.
-    let mut object: Value = match serde_yaml_ng::from_slice(input) {
-        Ok(v) => v,
-        Err(e) => return fail(format!("input is not YAML or JSON: {e}")),
+    let object = match pod_object(input) {
+        Ok(o) => o,
+        Err(e) => return fail(e),
     };
-    if object.get("kind").and_then(Value::as_str) != Some("Pod") {
-        return fail("input is not a Pod (kind: Pod)".to_owned());
-    }
-    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it (the typed
-    // pod reads it as "1"; the object the patch applies to gets the string too, as kubectl sends).
-    hami_shared::manifest::quantities_as_strings(&mut object);
     // The typed pod straight from the user's text, so that an error names the user's line and
     // column (not a column of an internal JSON form).
     let pod: Pod<'_> = match serde_yaml_ng::from_slice(input) {
@@ -93,51 +87,66 @@ pub fn mutate_command(
             limits_files,
             ..
         } => {
-            let mut stderr: String = warnings.iter().map(|w| format!("warning: {w}\n")).collect();
             let stdout = match output {
-                MutateOutput::Patch => match serde_json::to_string_pretty(&patch) {
-                    Ok(s) => s + "\n",
-                    Err(e) => return fail(e.to_string()),
-                },
-                MutateOutput::Pod => {
-                    let mut mutated = object;
-                    let ops = serde_json::to_value(&patch)
-                        .and_then(serde_json::from_value::<json_patch::Patch>);
-                    match ops {
-                        Ok(ops) => {
-                            if let Err(e) = json_patch::patch(&mut mutated, &ops) {
-                                return fail(format!("the patch does not apply: {e}"));
-                            }
-                        }
-                        Err(e) => return fail(e.to_string()),
-                    }
-                    match serde_yaml_ng::to_string(&mutated) {
-                        Ok(s) => s,
-                        Err(e) => return fail(e.to_string()),
-                    }
-                }
+                MutateOutput::Patch => serde_json::to_string_pretty(&patch)
+                    .map(|s| s + "\n")
+                    .map_err(|e| e.to_string()),
+                MutateOutput::Pod => mutated_pod(object, &patch),
             };
-            // KAI file delivery: the limits files the downward-API volume would project.
-            for file in &limits_files {
-                stderr.push_str(&format!(
-                    "limits file for container {:?} (read-only at {}):\n",
-                    file.container,
-                    hami_shared::names::OVERRIDE_ENV_PATH
-                ));
-                for line in file.text.lines() {
-                    stderr.push_str("  ");
-                    stderr.push_str(line);
-                    stderr.push('\n');
-                }
-            }
-            if patch.is_empty() {
-                stderr.push_str("unchanged: the webhook would admit this pod as is\n");
-            }
+            let stdout = match stdout {
+                Ok(s) => s,
+                Err(e) => return fail(e),
+            };
             CommandOutput {
                 stdout,
-                stderr,
+                stderr: admitted_stderr(&warnings, &limits_files, patch.is_empty()),
                 code: 0,
             }
         }
     }
+}
+
+/// The input as a JSON value, checked to be a Pod, with its quantities as strings.
+fn pod_object(input: &[u8]) -> Result<Value, String> {
+    // YAML is a superset of JSON, so one parser reads both.
+    let mut object: Value =
+        serde_yaml_ng::from_slice(input).map_err(|e| format!("input is not YAML or JSON: {e}"))?;
+    if object.get("kind").and_then(Value::as_str) != Some("Pod") {
+        return Err("input is not a Pod (kind: Pod)".to_owned());
+    }
+    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it (the typed
+    // pod reads it as "1"; the object the patch applies to gets the string too, as kubectl sends).
+    hami_shared::manifest::quantities_as_strings(&mut object);
+    Ok(object)
+}
+
+/// The pod with `patch` applied, as YAML.
+fn mutated_pod(mut object: Value, patch: &[PatchOp]) -> Result<String, String> {
+    let ops = serde_json::to_value(patch)
+        .and_then(serde_json::from_value::<json_patch::Patch>)
+        .map_err(|e| e.to_string())?;
+    json_patch::patch(&mut object, &ops).map_err(|e| format!("the patch does not apply: {e}"))?;
+    serde_yaml_ng::to_string(&object).map_err(|e| e.to_string())
+}
+
+/// What `mutate` prints on stderr for an admitted pod: the warnings, the limits files the
+/// downward-API volume would project (KAI file delivery), and whether nothing changed.
+fn admitted_stderr(warnings: &[String], limits_files: &[ProjectedFile], unchanged: bool) -> String {
+    let mut stderr: String = warnings.iter().map(|w| format!("warning: {w}\n")).collect();
+    for file in limits_files {
+        stderr.push_str(&format!(
+            "limits file for container {:?} (read-only at {}):\n",
+            file.container,
+            hami_shared::names::OVERRIDE_ENV_PATH
+        ));
+        for line in file.text.lines() {
+            stderr.push_str("  ");
+            stderr.push_str(line);
+            stderr.push('\n');
+        }
+    }
+    if unchanged {
+        stderr.push_str("unchanged: the webhook would admit this pod as is\n");
+    }
+    stderr
 }

@@ -145,6 +145,43 @@ pub fn deliver(
     files: &[(ContainerRef, FileCap<'_>)],
     delivery: LimitDelivery,
 ) -> Result<(), Denial> {
+    check_override_env_mounts(m, files)?;
+    let wanted = if delivery == LimitDelivery::File {
+        wanted_files(m, files)?
+    } else {
+        Vec::new()
+    };
+    // Webhook-owned keys: set what is wanted, remove the rest.
+    let names: Vec<&str> = wanted.iter().map(|w| w.container.as_str()).collect();
+    remove_owned_annotations(m, &names);
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    set_annotations(m, &wanted);
+    m.check_patch_size()?;
+    project_volume(m, &wanted)?;
+    mount_files(m, &wanted);
+    for w in wanted {
+        m.project(ProjectedFile {
+            container: w.container,
+            text: w.text,
+        });
+    }
+    Ok(())
+}
+
+/// One container's limits file, as the pod will carry it.
+struct Wanted {
+    at: ContainerRef,
+    container: String,
+    text: String,
+}
+
+/// A container in `files` may not mount anything of its own at `/overrideEnv`.
+fn check_override_env_mounts(
+    m: &PodMutation<'_, '_>,
+    files: &[(ContainerRef, FileCap<'_>)],
+) -> Result<(), Denial> {
     let pod = m.pod();
     for &(at, _) in files {
         let Some(c) = pod.container(at) else { continue };
@@ -159,48 +196,60 @@ pub fn deliver(
             }],
         )?;
     }
-    let mut wanted: Vec<(ContainerRef, String, String)> = Vec::new();
-    if delivery == LimitDelivery::File {
-        // The API server refuses an object whose annotations (keys and values) pass 256 KiB: stop
-        // as soon as the limits files would, rather than build a patch that cannot be stored.
-        let mut annotation_bytes: usize = pod
-            .metadata
-            .annotations
-            .iter()
-            .flat_map(|a| a.iter())
-            .filter(|(k, _)| !k.starts_with(ANNOTATION_PREFIX))
-            .map(|(k, v)| k.len() + v.len())
-            .sum();
-        for &(at, cap) in files {
-            let Some(c) = pod.container(at) else { continue };
-            if !hami_shared::container::is_dns1123_label(&c.name) {
-                return Err(m.deny(format_args!(
-                    "container name {:?} is not a DNS-1123 label",
-                    c.name
-                )));
-            }
-            let (file, warnings) = limits_file(c, cap);
-            for w in warnings {
-                m.warn(w.to_string());
-            }
-            let text = file.render();
-            annotation_bytes += ANNOTATION_PREFIX.len() + c.name.len() + text.len();
-            if annotation_bytes > MAX_ANNOTATION_BYTES {
-                return Err(m.deny(format_args!(
-                    "the limits files of its {} containers would bring the pod's annotations past {} KiB, the API server's limit for one object; use fewer containers, or {ANNOTATION_LIMIT_DELIVERY}: env (the limit as a variable, no file)",
-                    files.len(),
-                    MAX_ANNOTATION_BYTES / 1024
-                )));
-            }
-            wanted.push((at, c.name.to_string(), text));
+    Ok(())
+}
+
+/// Each container's limits file (the builder's warnings go to the user), within the API server's
+/// limit on one object's annotations.
+fn wanted_files(
+    m: &mut PodMutation<'_, '_>,
+    files: &[(ContainerRef, FileCap<'_>)],
+) -> Result<Vec<Wanted>, Denial> {
+    let pod = m.pod();
+    // The API server refuses an object whose annotations (keys and values) pass 256 KiB: stop
+    // as soon as the limits files would, rather than build a patch that cannot be stored.
+    let mut annotation_bytes: usize = pod
+        .metadata
+        .annotations
+        .iter()
+        .flat_map(|a| a.iter())
+        .filter(|(k, _)| !k.starts_with(ANNOTATION_PREFIX))
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    let mut wanted = Vec::with_capacity(files.len());
+    for &(at, cap) in files {
+        let Some(c) = pod.container(at) else { continue };
+        if !hami_shared::container::is_dns1123_label(&c.name) {
+            return Err(m.deny(format_args!(
+                "container name {:?} is not a DNS-1123 label",
+                c.name
+            )));
         }
+        let (file, warnings) = limits_file(c, cap);
+        for w in warnings {
+            m.warn(w.to_string());
+        }
+        let text = file.render();
+        annotation_bytes += ANNOTATION_PREFIX.len() + c.name.len() + text.len();
+        if annotation_bytes > MAX_ANNOTATION_BYTES {
+            return Err(m.deny(format_args!(
+                "the limits files of its {} containers would bring the pod's annotations past {} KiB, the API server's limit for one object; use fewer containers, or {ANNOTATION_LIMIT_DELIVERY}: env (the limit as a variable, no file)",
+                files.len(),
+                MAX_ANNOTATION_BYTES / 1024
+            )));
+        }
+        wanted.push(Wanted {
+            at,
+            container: c.name.to_string(),
+            text,
+        });
     }
-    // Webhook-owned keys: set what is wanted, remove the rest.
-    let names: Vec<&str> = wanted.iter().map(|(_, name, _)| name.as_str()).collect();
-    remove_owned_annotations(m, &names);
-    if wanted.is_empty() {
-        return Ok(());
-    }
+    Ok(wanted)
+}
+
+/// `limits.hami.io/<container>` set to each file's text, where the pod does not already carry it.
+fn set_annotations(m: &mut PodMutation<'_, '_>, wanted: &[Wanted]) {
+    let pod = m.pod();
     let current: HashMap<&str, &str> = pod
         .metadata
         .annotations
@@ -208,72 +257,80 @@ pub fn deliver(
         .flat_map(|a| a.iter())
         .filter(|(k, _)| k.starts_with(ANNOTATION_PREFIX))
         .collect();
-    for (_, name, text) in &wanted {
-        let key = annotation_key(name);
-        if current.get(key.as_str()) != Some(&text.as_str()) {
-            m.patch.set_annotation_owned(key, text.clone());
+    for w in wanted {
+        let key = annotation_key(&w.container);
+        if current.get(key.as_str()) != Some(&w.text.as_str()) {
+            m.patch.set_annotation_owned(key, w.text.clone());
         }
     }
-    m.check_patch_size()?;
-    match pod
+}
+
+/// The downward-API volume projecting the annotations: added, or (added by an earlier review)
+/// checked to project exactly the wanted ones.
+///
+/// # Errors
+/// [`Denial`] for a pod-defined volume named `hami-limits` that is not the webhook's.
+fn project_volume(m: &mut PodMutation<'_, '_>, wanted: &[Wanted]) -> Result<(), Denial> {
+    let existing = m
+        .pod()
         .spec
         .volumes
         .as_deref()
-        .and_then(|v| v.iter().find(|v| v.name == LIMITS_VOLUME))
-    {
-        Some(existing) => {
-            // An earlier review added it: it must project exactly the wanted annotations.
-            let projected = existing
-                .downward_api
-                .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
-                .and_then(|v| v.get("items").cloned())
-                .map(|items| item_pairs(&items));
-            let mut expected: Vec<(String, String)> = wanted
-                .iter()
-                .map(|(_, name, _)| (name.clone(), field_path(name)))
-                .collect();
-            expected.sort();
-            if projected.as_ref() != Some(&expected) {
-                return Err(m.deny(format_args!(
-                    "volume {LIMITS_VOLUME:?} is reserved for the hami-limits limits files and does not project them"
-                )));
-            }
-        }
-        None => m.patch.add_downward_volume(DownwardVolume {
+        .and_then(|v| v.iter().find(|v| v.name == LIMITS_VOLUME));
+    let Some(existing) = existing else {
+        m.patch.add_downward_volume(DownwardVolume {
             name: LIMITS_VOLUME.to_owned(),
             downward_api: DownwardApi {
                 default_mode: FILE_MODE,
                 items: wanted
                     .iter()
-                    .map(|(_, name, _)| DownwardItem {
-                        path: name.clone(),
+                    .map(|w| DownwardItem {
+                        path: w.container.clone(),
                         field_ref: FieldRef {
                             api_version: "v1",
-                            field_path: field_path(name),
+                            field_path: field_path(&w.container),
                         },
                     })
                     .collect(),
             },
-        }),
+        });
+        return Ok(());
+    };
+    let projected = existing
+        .downward_api
+        .and_then(|raw| serde_json::from_str::<Value>(raw.get()).ok())
+        .and_then(|v| v.get("items").cloned())
+        .map(|items| item_pairs(&items));
+    let mut expected: Vec<(String, String)> = wanted
+        .iter()
+        .map(|w| (w.container.clone(), field_path(&w.container)))
+        .collect();
+    expected.sort();
+    if projected.as_ref() != Some(&expected) {
+        return Err(m.deny(format_args!(
+            "volume {LIMITS_VOLUME:?} is reserved for the hami-limits limits files and does not project them"
+        )));
     }
-    for (at, name, _) in &wanted {
-        if m.patch.container_has_mount_path(*at, OVERRIDE_ENV_PATH) {
+    Ok(())
+}
+
+/// Each file mounted read-only at `/overrideEnv` (`subPath`: the container's name), unless the
+/// patch already mounts something there.
+fn mount_files(m: &mut PodMutation<'_, '_>, wanted: &[Wanted]) {
+    for w in wanted {
+        if m.patch.container_has_mount_path(w.at, OVERRIDE_ENV_PATH) {
             continue;
         }
         m.patch.add_volume_mount(
-            *at,
+            w.at,
             NewMount {
                 name: LIMITS_VOLUME.to_owned(),
                 mount_path: OVERRIDE_ENV_PATH.to_owned(),
-                sub_path: Some(name.clone()),
+                sub_path: Some(w.container.clone()),
                 read_only: true,
             },
         );
     }
-    for (_, container, text) in wanted {
-        m.project(ProjectedFile { container, text });
-    }
-    Ok(())
 }
 
 /// Remove every webhook-owned annotation (`limits.hami.io/*`) except those of `keep` containers:

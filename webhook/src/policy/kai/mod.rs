@@ -27,7 +27,7 @@ use hami_shared::limits_file::project_value_problem;
 use hami_shared::names::{ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS, NODE_GPUS_FILE};
 use hami_shared::values::LimitDelivery;
 
-use crate::policy::basis::{Basis, VramBasis};
+use crate::policy::basis::{Basis, SkipReason, VramBasis};
 use crate::policy::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::policy::placement::Placement;
 use crate::wire::pod::ContainerRef;
@@ -54,75 +54,78 @@ pub fn mutate(
         return Ok(());
     };
     let request = select::validate(m, &raw)?;
-    let cap = match &request {
-        KaiRequest::Memory(mib) => Ok(*mib),
-        KaiRequest::Fraction(f) => {
-            let basis = match kai.per_gpu_vram_mib {
-                Some(mib) if mib > 0 => Ok(Basis { mib }),
-                _ => vram.basis(&Placement::of_pod(m.pod())),
-            };
-            match basis {
-                Ok(basis) => {
-                    let mib = f.of(basis.mib);
-                    if mib == 0 {
-                        return Err(m.deny(format_args!(
-                            "annotation gpu-fraction={:?} of the per-GPU VRAM ({} MiB) is below 1 MiB; a limit of 0 would mean unlimited to HAMi-core",
-                            raw.value, basis.mib
-                        )));
-                    }
-                    Ok(mib)
-                }
-                Err(reason) if kai.missing_basis == MissingBasis::Deny => {
-                    return Err(m.deny(format_args!(
-                        "annotation gpu-fraction={:?} needs the per-GPU VRAM to set its GPU memory cap, and none is known: {reason}. kai.missingBasis is deny, so the pod is refused rather than run uncapped. To fix: label the GPU nodes this pod can land on with nvidia.com/gpu.memory=<MiB> (GPU Feature Discovery does), set kai.perGpuVramMib (HAMI_KAI__PER_GPU_VRAM_MIB), or request gpu-memory=<MiB> instead of gpu-fraction",
-                        raw.value
-                    )));
-                }
-                Err(reason) => {
-                    m.observe(Observation::KaiCapSkipped(reason));
-                    m.warn(format!(
-                        "gpu-fraction={:?}: GPU memory cap skipped (kai.missingBasis is warn), HAMi-core is injected without CUDA_DEVICE_MEMORY_LIMIT: {reason}",
-                        raw.value
-                    ));
-                    Err(reason)
-                }
-            }
-        }
-    };
+    let cap = memory_cap(m, kai, vram, &request, &raw)?;
     let targets = select::preload_targets(m, kai.preload_containers)?;
     inject::preload(m, &targets, &kai.hook_path)?;
     // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
     // webhook's `kai.limitDelivery`: KAI pods have no node config.
     let delivery = annotation_delivery.unwrap_or(kai.limit_delivery);
-    let limit_mib = match cap {
-        Ok(mib) => mib,
-        Err(reason) => {
-            // The opt-out, made visible where the container runs: in file delivery each
-            // preloaded container without a limit of its own gets a file saying why it has none.
-            let files: Vec<(ContainerRef, FileCap<'_>)> = if delivery == LimitDelivery::File {
-                let pod = m.pod();
-                targets
-                    .iter()
-                    .filter(|&&at| {
-                        pod.container(at).is_some_and(|c| {
-                            !c.env
-                                .iter()
-                                .flatten()
-                                .any(|e| inject::is_memory_limit_var(&e.name))
-                        })
-                    })
-                    .map(|&at| (at, FileCap::Uncapped(reason)))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            downward::deliver(m, &files, delivery)?;
-            m.observe(Observation::KaiPod(KaiLimit::None));
-            return Ok(());
-        }
+    match cap {
+        Ok(mib) => deliver_capped(m, kai, &request, &targets, mib, delivery),
+        Err(reason) => deliver_uncapped(m, &targets, reason, delivery),
+    }
+}
+
+/// The pod's GPU memory cap in MiB: `gpu-memory` as asked, `gpu-fraction` of the per-GPU VRAM
+/// basis (`kai.perGpuVramMib`, else `vram` narrowed to where the pod can land). `Ok(Err(reason))`
+/// when there is no basis and `kai.missingBasis` is warn (observed and warned here).
+///
+/// # Errors
+/// [`Denial`] for a fraction of the basis below 1 MiB, or no basis with `kai.missingBasis: deny`.
+fn memory_cap(
+    m: &mut PodMutation<'_, '_>,
+    kai: &KaiSettings,
+    vram: &dyn VramBasis,
+    request: &KaiRequest,
+    raw: &select::RawRequest<'_>,
+) -> Result<Result<u64, SkipReason>, Denial> {
+    let f = match request {
+        KaiRequest::Memory(mib) => return Ok(Ok(*mib)),
+        KaiRequest::Fraction(f) => f,
     };
+    let basis = match kai.per_gpu_vram_mib {
+        Some(mib) if mib > 0 => Ok(Basis { mib }),
+        _ => vram.basis(&Placement::of_pod(m.pod())),
+    };
+    match basis {
+        Ok(basis) => {
+            let mib = f.of(basis.mib);
+            if mib == 0 {
+                return Err(m.deny(format_args!(
+                    "annotation gpu-fraction={:?} of the per-GPU VRAM ({} MiB) is below 1 MiB; a limit of 0 would mean unlimited to HAMi-core",
+                    raw.value, basis.mib
+                )));
+            }
+            Ok(Ok(mib))
+        }
+        Err(reason) if kai.missing_basis == MissingBasis::Deny => Err(m.deny(format_args!(
+            "annotation gpu-fraction={:?} needs the per-GPU VRAM to set its GPU memory cap, and none is known: {reason}. kai.missingBasis is deny, so the pod is refused rather than run uncapped. To fix: label the GPU nodes this pod can land on with nvidia.com/gpu.memory=<MiB> (GPU Feature Discovery does), set kai.perGpuVramMib (HAMI_KAI__PER_GPU_VRAM_MIB), or request gpu-memory=<MiB> instead of gpu-fraction",
+            raw.value
+        ))),
+        Err(reason) => {
+            m.observe(Observation::KaiCapSkipped(reason));
+            m.warn(format!(
+                "gpu-fraction={:?}: GPU memory cap skipped (kai.missingBasis is warn), HAMi-core is injected without CUDA_DEVICE_MEMORY_LIMIT: {reason}",
+                raw.value
+            ));
+            Ok(Err(reason))
+        }
+    }
+}
+
+/// A pod with a cap: the limit variable in every container without one of its own, and (file
+/// delivery) each such container's limits file, with the per-node keys in the preloaded
+/// containers of a `gpu-fraction` pod.
+fn deliver_capped(
+    m: &mut PodMutation<'_, '_>,
+    kai: &KaiSettings,
+    request: &KaiRequest,
+    targets: &[ContainerRef],
+    limit_mib: u64,
+    delivery: LimitDelivery,
+) -> Result<(), Denial> {
     let (limit, limited) = inject::memory_limit(m, limit_mib)?;
-    let per_node = match (&request, delivery) {
+    let per_node = match (request, delivery) {
         (KaiRequest::Fraction(f), LimitDelivery::File) => per_node_keys(m, f, &kai.hook_path),
         _ => None,
     };
@@ -146,6 +149,37 @@ pub fn mutate(
         KaiRequest::Memory(_) => KaiLimit::GpuMemory,
         KaiRequest::Fraction(_) => KaiLimit::GpuFraction,
     }));
+    Ok(())
+}
+
+/// A pod admitted without a cap (`kai.missingBasis: warn`): the opt-out made visible where the
+/// container runs. In file delivery each preloaded container without a limit of its own gets a
+/// file saying why it has none.
+fn deliver_uncapped(
+    m: &mut PodMutation<'_, '_>,
+    targets: &[ContainerRef],
+    reason: SkipReason,
+    delivery: LimitDelivery,
+) -> Result<(), Denial> {
+    let files: Vec<(ContainerRef, FileCap<'_>)> = if delivery == LimitDelivery::File {
+        let pod = m.pod();
+        targets
+            .iter()
+            .filter(|&&at| {
+                pod.container(at).is_some_and(|c| {
+                    !c.env
+                        .iter()
+                        .flatten()
+                        .any(|e| inject::is_memory_limit_var(&e.name))
+                })
+            })
+            .map(|&at| (at, FileCap::Uncapped(reason)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    downward::deliver(m, &files, delivery)?;
+    m.observe(Observation::KaiPod(KaiLimit::None));
     Ok(())
 }
 

@@ -83,93 +83,12 @@ impl Fraction {
     /// # Errors
     /// [`KaiValueError`] naming what is wrong.
     pub fn parse(text: &str) -> Result<Self, KaiValueError> {
-        let b = text.as_bytes();
-        if b.is_empty() {
-            return Err(KaiValueError::Empty);
-        }
-        let digits_from = |mut i: usize| {
-            while i < b.len() && b[i].is_ascii_digit() {
-                i += 1;
-            }
-            i
-        };
-        let mut i = 0;
-        let negative = match b[0] {
-            b'-' => {
-                i = 1;
-                true
-            }
-            b'+' => {
-                i = 1;
-                false
-            }
-            _ => false,
-        };
-        let int_end = digits_from(i);
-        let int_part = &text[i..int_end];
-        i = int_end;
-        let mut frac_part = "";
-        if b.get(i) == Some(&b'.') {
-            let end = digits_from(i + 1);
-            frac_part = &text[i + 1..end];
-            i = end;
-        }
-        if int_part.is_empty() && frac_part.is_empty() {
-            return Err(KaiValueError::FractionNotDecimal);
-        }
-        let mut exponent: i64 = 0;
-        if matches!(b.get(i), Some(b'e' | b'E')) {
-            i += 1;
-            let exp_negative = match b.get(i) {
-                Some(b'-') => {
-                    i += 1;
-                    true
-                }
-                Some(b'+') => {
-                    i += 1;
-                    false
-                }
-                _ => false,
-            };
-            let end = digits_from(i);
-            if end == i {
-                return Err(KaiValueError::FractionNotDecimal);
-            }
-            for &d in &b[i..end] {
-                if exponent < GO_EXPONENT_CAP {
-                    exponent = exponent * 10 + i64::from(d - b'0');
-                }
-            }
-            if exp_negative {
-                exponent = -exponent;
-            }
-            i = end;
-        }
-        if i != b.len() {
-            return Err(KaiValueError::FractionNotDecimal);
-        }
-        // value = (int_part frac_part as an integer) × 10^(exponent − len(frac_part))
-        let frac_len =
-            i64::try_from(frac_part.len()).map_err(|_| KaiValueError::FractionOutOfRange)?;
-        exponent -= frac_len;
-        let all_len = int_part.len() + frac_part.len();
-        let lead = int_part
-            .bytes()
-            .chain(frac_part.bytes())
-            .take_while(|&d| d == b'0')
-            .count();
-        if lead == all_len || negative {
-            // Zero, or negative (`-0` included).
+        let written = Written::scan(text)?;
+        if written.negative {
+            // Negative (`-0` included) or zero alike: out of range.
             return Err(KaiValueError::FractionOutOfRange);
         }
-        let mut significant = String::with_capacity(all_len - lead);
-        for d in int_part.bytes().chain(frac_part.bytes()).skip(lead) {
-            significant.push(char::from(d));
-        }
-        let without_trailing = significant.trim_end_matches('0').len();
-        let trailing_zeros = significant.len() - without_trailing;
-        significant.truncate(without_trailing);
-        exponent += i64::try_from(trailing_zeros).map_err(|_| KaiValueError::FractionOutOfRange)?;
+        let (significant, exponent) = written.significant()?;
         // digits × 10^exponent < 1  ⟺  len(digits) + exponent ≤ 0 (digits has no leading zero).
         let len =
             i64::try_from(significant.len()).map_err(|_| KaiValueError::FractionOutOfRange)?;
@@ -277,6 +196,111 @@ pub fn parse_gpu_memory(text: &str) -> Result<u64, KaiValueError> {
         _ => Err(KaiValueError::MemoryTooLarge {
             max: MAX_MEMORY_MIB,
         }),
+    }
+}
+
+/// A decimal as written, split into its parts (no value judged yet).
+struct Written<'t> {
+    negative: bool,
+    /// The digits before the point (may be empty: `.5`).
+    int_part: &'t str,
+    /// The digits after the point (may be empty: `5.`).
+    frac_part: &'t str,
+    /// The exponent written (`e-3`: -3), capped as Go caps it.
+    exponent: i64,
+}
+
+impl<'t> Written<'t> {
+    /// `[+-]? digits? ('.' digits?)? ([eE] [+-]? digits)?` with at least one mantissa digit.
+    fn scan(text: &'t str) -> Result<Self, KaiValueError> {
+        let b = text.as_bytes();
+        if b.is_empty() {
+            return Err(KaiValueError::Empty);
+        }
+        let digits_from = |mut i: usize| {
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+            i
+        };
+        let sign = |i: &mut usize| match b.get(*i) {
+            Some(b'-') => {
+                *i += 1;
+                true
+            }
+            Some(b'+') => {
+                *i += 1;
+                false
+            }
+            _ => false,
+        };
+        let mut i = 0;
+        let negative = sign(&mut i);
+        let int_end = digits_from(i);
+        let int_part = &text[i..int_end];
+        i = int_end;
+        let mut frac_part = "";
+        if b.get(i) == Some(&b'.') {
+            let end = digits_from(i + 1);
+            frac_part = &text[i + 1..end];
+            i = end;
+        }
+        if int_part.is_empty() && frac_part.is_empty() {
+            return Err(KaiValueError::FractionNotDecimal);
+        }
+        let mut exponent: i64 = 0;
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            let exp_negative = sign(&mut i);
+            let end = digits_from(i);
+            if end == i {
+                return Err(KaiValueError::FractionNotDecimal);
+            }
+            for &d in &b[i..end] {
+                if exponent < GO_EXPONENT_CAP {
+                    exponent = exponent * 10 + i64::from(d - b'0');
+                }
+            }
+            if exp_negative {
+                exponent = -exponent;
+            }
+            i = end;
+        }
+        if i != b.len() {
+            return Err(KaiValueError::FractionNotDecimal);
+        }
+        Ok(Self {
+            negative,
+            int_part,
+            frac_part,
+            exponent,
+        })
+    }
+
+    /// The value as `significant × 10^exponent`, `significant` without leading or trailing zeros.
+    ///
+    /// # Errors
+    /// [`KaiValueError::FractionOutOfRange`] for zero (no significant digit).
+    fn significant(&self) -> Result<(String, i64), KaiValueError> {
+        // value = (int_part frac_part as an integer) × 10^(exponent − len(frac_part))
+        let frac_len =
+            i64::try_from(self.frac_part.len()).map_err(|_| KaiValueError::FractionOutOfRange)?;
+        let mut exponent = self.exponent - frac_len;
+        let all = || self.int_part.bytes().chain(self.frac_part.bytes());
+        let all_len = self.int_part.len() + self.frac_part.len();
+        let lead = all().take_while(|&d| d == b'0').count();
+        if lead == all_len {
+            return Err(KaiValueError::FractionOutOfRange);
+        }
+        let mut significant = String::with_capacity(all_len - lead);
+        for d in all().skip(lead) {
+            significant.push(char::from(d));
+        }
+        let without_trailing = significant.trim_end_matches('0').len();
+        let trailing_zeros = significant.len() - without_trailing;
+        significant.truncate(without_trailing);
+        exponent += i64::try_from(trailing_zeros).map_err(|_| KaiValueError::FractionOutOfRange)?;
+        Ok((significant, exponent))
     }
 }
 
