@@ -195,12 +195,6 @@ impl Metrics {
         self.reviews.latency.observe(elapsed.as_secs_f64());
     }
 
-    /// Count reviews answered with `outcome` so far.
-    #[must_use]
-    pub fn reviews(&self, outcome: Outcome) -> u64 {
-        self.reviews.counter(outcome).get()
-    }
-
     /// Count a request refused with HTTP `code` before any review.
     pub fn observe_http_error(&self, code: u16) {
         let label = match code {
@@ -254,14 +248,16 @@ impl Metrics {
         }
     }
 
-    /// (successes, failures) of certificate loads so far.
+    /// (successes, failures) of certificate loads so far (the certificate store's tests).
+    #[cfg(test)]
     #[must_use]
     pub fn cert_reloads(&self) -> (u64, u64) {
         let c = &self.certificates;
         (c.reload_success.get(), c.reload_failure.get())
     }
 
-    /// The OpenMetrics text exposition (with the `process_*` metrics).
+    /// The OpenMetrics text exposition (with the `process_*` metrics), for tests.
+    #[cfg(test)]
     #[must_use]
     pub fn encode(&self) -> String {
         self.encode_as(hami_ops::Exposition::OpenMetrics)

@@ -61,17 +61,11 @@ pub async fn run_node_watch(
     // `PartialObjectMeta` makes every list and watch request metadata-only.
     let api: kube::Api<PartialObjectMeta<K8sNode>> = kube::Api::all(client);
     let config = watcher::Config::default().labels(label_selector);
-    let stream = watcher(api, config).default_backoff();
+    // `take_until` polls `shutdown` before each event: the watch ends as soon as it completes.
+    let stream = watcher(api, config).default_backoff().take_until(shutdown);
     tokio::pin!(stream);
-    tokio::pin!(shutdown);
     let mut pending: Option<VramIndex> = None;
-    loop {
-        let event = tokio::select! {
-            biased;
-            () = &mut shutdown => break,
-            e = stream.next() => e,
-        };
-        let Some(event) = event else { break };
+    while let Some(event) = stream.next().await {
         let failing = event.is_err();
         if index.metrics().failing.get() != i64::from(failing) {
             index.metrics().failing.set(i64::from(failing));
