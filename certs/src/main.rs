@@ -8,14 +8,15 @@ use clap::{Args, Parser, Subcommand};
 use hami_certgen::cluster::{self, CreateOutcome, PatchOutcome};
 use hami_certgen::secret::CreateSettings;
 use hami_certgen::{CertgenError, local};
+use hami_ops::LogFormat;
 
 /// Certificates for the hami-limits admission webhook.
 #[derive(Debug, Parser)]
 #[command(name = "hami-certgen", version, about)]
 struct Cli {
     /// Log format.
-    #[arg(long, env = "HAMI_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"], global = true)]
-    log_format: String,
+    #[arg(long, env = "HAMI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -92,19 +93,6 @@ struct LocalArgs {
     validity: Validity,
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 async fn client() -> Result<kube::Client, CertgenError> {
     kube::Client::try_default()
         .await
@@ -178,7 +166,8 @@ async fn run(cli: Cli) -> Result<(), CertgenError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    // The one logging set-up of every hami-limits program (level from RUST_LOG, default info).
+    let _ = hami_ops::init_logging(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

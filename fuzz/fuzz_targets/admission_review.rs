@@ -6,7 +6,7 @@
 #![no_main]
 
 use hami_webhook::Settings;
-use hami_webhook::basis::FixedBasis;
+use hami_webhook::policy::basis::FixedBasis;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 

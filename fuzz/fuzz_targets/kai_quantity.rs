@@ -3,7 +3,7 @@
 //! the parser accepts exactly what a correctly rounded `f64` reads strictly between 0 and 1.
 #![no_main]
 
-use hami_webhook::kai::quantity::{Fraction, parse_gpu_memory};
+use hami_webhook::policy::kai::quantity::{Fraction, parse_gpu_memory};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

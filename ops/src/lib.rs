@@ -231,8 +231,20 @@ pub async fn serve(
         .await
 }
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+/// Log output format: the `--log-format` flag (clap) and the settings files' `logFormat` (serde)
+/// of every hami-limits program, spelled `text` and `json` in both.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
     #[default]

@@ -19,10 +19,9 @@ use serde::Serialize;
 use crate::hami_core;
 use crate::limits_file::{LimitsFile, LimitsFileError, project_value_problem};
 use crate::names::{
-    ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_OVERSUBSCRIBE,
-    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_HAMI_GPU_FRACTION,
-    ENV_HAMI_NODE_GPUS, ENV_HAMI_UNCAPPED, ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER,
-    container_dir_name, limits_file_name,
+    ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_OVERSUBSCRIBE, ENV_CUDA_TASK_PRIORITY,
+    ENV_GPU_CORE_UTILIZATION_POLICY, ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS, ENV_HAMI_UNCAPPED,
+    ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER, container_dir_name, limits_file_name,
 };
 use crate::values::{CorePolicy, MemoryLimitMib, SmLimit, TaskPriority};
 
@@ -280,10 +279,7 @@ impl LimitsBuilder {
     ) -> Result<&mut Self, LimitsFileError> {
         match index {
             Some(i) => self.file.set_memory_limit(i, limit)?,
-            None => {
-                self.file
-                    .insert(ENV_CUDA_DEVICE_MEMORY_LIMIT, limit.to_string())?;
-            }
+            None => self.file.set_memory_limit_all(limit),
         }
         Ok(self)
     }

@@ -175,9 +175,7 @@ impl LimitsFile {
         let refused = match hami_core::key_kind(&key) {
             KeyKind::Memory(_) => value.parse::<MemoryLimitMib>().err().map(|e| e.to_string()),
             KeyKind::Sm(_) => value.parse::<SmLimit>().err().map(|e| e.to_string()),
-            KeyKind::UnreadIndex => Some(format!(
-                "HAMi-core never reads this key (device indexes are 0..={MAX_DEVICE_INDEX}, without leading zero)"
-            )),
+            KeyKind::UnreadIndex => Some(unread_index_reason()),
             KeyKind::Other => project_value_problem(&key, &value),
             _ => None,
         };
@@ -191,14 +189,33 @@ impl LimitsFile {
         Ok(self.entries.insert(key, value))
     }
 
-    /// Set `CUDA_DEVICE_MEMORY_LIMIT_<index>`.
+    /// Set `CUDA_DEVICE_MEMORY_LIMIT_<index>`. The typed limit is rendered once (`<N>m`, the form
+    /// HAMi-core reads as meant) and never parsed back.
+    ///
+    /// # Errors
+    /// [`LimitsFileError::UnsafeValue`] for an index HAMi-core never reads (above 15).
     pub fn set_memory_limit(
         &mut self,
         index: usize,
         limit: MemoryLimitMib,
     ) -> Result<(), LimitsFileError> {
-        self.insert(memory_limit_env(index), limit.to_string())
-            .map(|_| ())
+        let key = memory_limit_env(index);
+        if !matches!(hami_core::key_kind(&key), KeyKind::Memory(Some(_))) {
+            return Err(LimitsFileError::UnsafeValue {
+                key,
+                value: limit.to_string(),
+                reason: unread_index_reason(),
+            });
+        }
+        self.entries.insert(key, limit.to_string());
+        Ok(())
+    }
+
+    /// Set `CUDA_DEVICE_MEMORY_LIMIT`, the limit of every GPU of the container (KAI). Typed, so
+    /// rendered once and never parsed back; cannot fail.
+    pub fn set_memory_limit_all(&mut self, limit: MemoryLimitMib) {
+        self.entries
+            .insert(ENV_CUDA_DEVICE_MEMORY_LIMIT.to_owned(), limit.to_string());
     }
 
     /// Set `CUDA_DEVICE_SM_LIMIT`.
@@ -258,6 +275,13 @@ impl LimitsFile {
         }
         out
     }
+}
+
+/// Why a per-device key with an index HAMi-core never reads is refused.
+fn unread_index_reason() -> String {
+    format!(
+        "HAMi-core never reads this key (device indexes are 0..={MAX_DEVICE_INDEX}, without leading zero)"
+    )
 }
 
 impl fmt::Display for LimitsFile {

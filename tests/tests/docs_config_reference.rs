@@ -272,17 +272,21 @@ fn webhook_settings_keys_and_their_environment_names() {
     let mut problems = compare(
         &code,
         &listed,
-        "webhook/src/settings.rs (`Settings`; `kai.*`: webhook/src/kai/settings.rs `KaiSettings`)",
+        "webhook/src/policy/settings.rs (`Settings`; `kai.*`: webhook/src/policy/kai/settings.rs `KaiSettings`)",
         "\"hami-webhook settings file, environment and flags\" / \"The kai: section\"",
     );
 
     // Every environment name on a key's row: the loader's name for that key, or one the code
     // declares (HAMI_LOG_FORMAT, the deprecated names, clap's `env`).
     let mut clap_flags = Vec::new();
-    flags(&hami_webhook::app::Cli::command(), "", &mut clap_flags);
+    flags(
+        &hami_webhook::shell::app::Cli::command(),
+        "",
+        &mut clap_flags,
+    );
     let mut declared: BTreeSet<String> = clap_flags.iter().filter_map(|f| f.env.clone()).collect();
-    declared.insert(hami_webhook::settings::ENV_LOG_FORMAT.to_owned());
-    for (old, new) in hami_webhook::settings::DEPRECATED_ENV {
+    declared.insert(hami_webhook::shell::settings_load::ENV_LOG_FORMAT.to_owned());
+    for (old, new) in hami_webhook::shell::settings_load::DEPRECATED_ENV {
         declared.insert(old.to_owned());
         declared.insert(new.to_owned());
     }
@@ -306,7 +310,7 @@ fn webhook_settings_keys_and_their_environment_names() {
                     && !declared.contains(&span)
                 {
                     problems.push(format!(
-                        "{DOC} (line {}): `{span}` is not the environment name of `{key}` (the loader reads HAMI_{}; webhook/src/settings.rs)",
+                        "{DOC} (line {}): `{span}` is not the environment name of `{key}` (the loader reads HAMI_{}; webhook/src/shell/settings_load.rs)",
                         row.line,
                         key.replace('.', "__").to_ascii_uppercase()
                     ));
@@ -322,8 +326,8 @@ fn webhook_flags_and_environment() {
     let doc = doc();
     let problems = check_command_line(
         "hami-webhook",
-        &hami_webhook::app::Cli::command(),
-        "webhook/src/app.rs and the argument groups it flattens (webhook/src/vram/source.rs `VramArgs`)",
+        &hami_webhook::shell::app::Cli::command(),
+        "webhook/src/shell/app.rs and the argument groups it flattens (webhook/src/shell/vram/source.rs `VramArgs`)",
         &[(
             "hami-webhook command line",
             sec(&doc, "hami-webhook command line"),

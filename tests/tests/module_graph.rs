@@ -67,16 +67,16 @@ fn no_crate_has_an_import_circle() {
 fn the_graphs_have_the_edges_the_code_has() {
     let webhook = crate_graph(&workspace().join("webhook/src"));
     assert!(
-        webhook[&module("decide")].contains(&module("kai")),
+        webhook[&module("policy::decide")].contains(&module("policy::kai")),
         "{}",
         render(&webhook)
     );
     assert!(
-        webhook[&module("kai::select")].contains(&module("kai::quantity")),
+        webhook[&module("policy::kai::select")].contains(&module("policy::kai::quantity")),
         "{}",
         render(&webhook)
     );
-    assert!(top_level(&webhook)[&module("settings")].contains(&module("kai")));
+    assert!(top_level(&webhook)[&module("policy")].contains(&module("wire")));
     let plugin = crate_graph(&workspace().join("device-plugin/src"));
     assert!(plugin.len() > 10, "{}", render(&plugin));
     assert!(
@@ -87,6 +87,63 @@ fn the_graphs_have_the_edges_the_code_has() {
         "{}",
         render(&plugin)
     );
+}
+
+/// The webhook's folders are its layers: `wire` (the Kubernetes wire types) below `policy` (the
+/// pure decisions) below `shell` (process, files, environment, sockets, cluster). A module imports
+/// only from its own layer or those below, and the two lower layers name no I/O at all.
+#[test]
+fn the_webhook_core_reaches_no_shell_and_no_io() {
+    let src = workspace().join("webhook/src");
+    let webhook = crate_graph(&src);
+    let layer = |m: &[String]| m.first().map(String::as_str).unwrap_or("").to_owned();
+    let below: BTreeMap<&str, &[&str]> =
+        BTreeMap::from([("wire", &["wire"][..]), ("policy", &["policy", "wire"][..])]);
+    let mut checked = 0;
+    for (from, to) in &webhook {
+        let Some(allowed) = below.get(layer(from).as_str()) else {
+            continue;
+        };
+        checked += 1;
+        for target in to {
+            assert!(
+                allowed.contains(&layer(target).as_str()),
+                "webhook: {} imports {}: the core ({}) may import only {allowed:?}\n\n{}",
+                from.join("::"),
+                target.join("::"),
+                layer(from),
+                render(&webhook)
+            );
+        }
+    }
+    assert!(checked >= 15, "only {checked} core modules seen");
+    // No I/O named in the core: files, environment, processes, sockets, the async runtime, the
+    // cluster client.
+    let mut files = Vec::new();
+    for folder in ["policy", "wire"] {
+        hami_tests::module_graph::rust_files(&src.join(folder), &mut files);
+    }
+    for file in &files {
+        let code = hami_tests::module_graph::code_only(&std::fs::read_to_string(file).unwrap());
+        let code = code.split("#[cfg(test)]").next().unwrap_or("");
+        for io in [
+            "std::fs",
+            "std::env",
+            "std::process",
+            "std::net::Tcp",
+            "std::io::std",
+            "tokio",
+            "kube::",
+            "println!",
+            "eprintln!",
+        ] {
+            assert!(
+                !code.contains(io),
+                "{} names {io}: the webhook's core does no I/O (move it to webhook/src/shell)",
+                file.display()
+            );
+        }
+    }
 }
 
 #[test]

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use hami_device_plugin::allocation::dry_run::{PlanArgs, run_plan};
 use hami_device_plugin::install_hook::{InstallHookArgs, install_hook};
-use hami_webhook::kai::KaiSettings;
-use hami_webhook::settings::Settings;
+use hami_webhook::policy::kai::KaiSettings;
+use hami_webhook::policy::settings::Settings;
 use hami_webhook::{Decision, decide_pod};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
@@ -129,12 +129,12 @@ fn kai_pods_get_the_library_through_the_hook_folder_with_nothing_else_to_change(
         ..Settings::default()
     };
     let bytes = serde_json::to_vec(&pod).unwrap();
-    let view: hami_webhook::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
+    let view: hami_webhook::wire::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
     let Decision::Allow { patch, .. } = decide_pod(
         &view,
         Some("default"),
         &settings,
-        &hami_webhook::basis::NoBasis,
+        &hami_webhook::policy::basis::NoBasis,
     ) else {
         panic!("the KAI pod was denied");
     };

@@ -5,8 +5,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use hami_webhook::basis::FixedBasis;
-use hami_webhook::review::AdmissionReview;
+use hami_webhook::policy::basis::FixedBasis;
+use hami_webhook::wire::review::AdmissionReview;
 use hami_webhook::{Settings, decide, review};
 
 const PLAIN_POD: &[u8] = include_bytes!("../tests/fixtures/plain-pod.json");

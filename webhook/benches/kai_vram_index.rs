@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hami_tests::apiserver::{ApiServer, fixtures};
-use hami_webhook::basis::VramBasis as _;
-use hami_webhook::placement::{Placement, Requirement};
-use hami_webhook::vram::{KaiMetrics, LiveVramIndex, run_node_watch};
+use hami_webhook::policy::basis::VramBasis as _;
+use hami_webhook::policy::placement::{Placement, Requirement};
+use hami_webhook::shell::vram::{KaiMetrics, LiveVramIndex, run_node_watch};
 use k8s_openapi::api::core::v1::Node;
 
 fn env_usize(name: &str, default: usize) -> usize {

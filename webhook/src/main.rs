@@ -1,5 +1,5 @@
-//! `hami-webhook`: everything is in the library ([`hami_webhook::app`]).
+//! `hami-webhook`: everything is in the library ([`hami_webhook::shell::app`]).
 
 fn main() -> std::process::ExitCode {
-    hami_webhook::app::main()
+    hami_webhook::shell::app::main()
 }

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use base64::Engine as _;
-use hami_webhook::basis::NoBasis;
+use hami_webhook::policy::basis::NoBasis;
 use hami_webhook::{Outcome, Settings, review};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};

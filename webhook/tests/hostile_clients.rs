@@ -15,8 +15,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hami_webhook::dev::{DevCerts, generate_localhost};
-use hami_webhook::settings::Settings;
+use hami_webhook::policy::settings::Settings;
+use hami_webhook::shell::dev_mode::{DevCerts, generate_localhost};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;

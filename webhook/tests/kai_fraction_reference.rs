@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use hami_webhook::kai::quantity::{Fraction, KaiValueError};
+use hami_webhook::policy::kai::quantity::{Fraction, KaiValueError};
 use num_bigint::BigUint;
 
 /// What the reference says about a string.

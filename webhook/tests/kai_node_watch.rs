@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hami_tests::apiserver::{ApiServer, Fault, RequestMatch, Verb};
-use hami_webhook::basis::{Basis, SkipReason, VramBasis as _};
-use hami_webhook::placement::Placement;
-use hami_webhook::vram::{KaiMetrics, LiveVramIndex, run_node_watch};
+use hami_webhook::policy::basis::{Basis, SkipReason, VramBasis as _};
+use hami_webhook::policy::placement::Placement;
+use hami_webhook::shell::vram::{KaiMetrics, LiveVramIndex, run_node_watch};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;

@@ -6,10 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use hami_shared::limits_file::parse;
-use hami_webhook::basis::{NoBasis, NotSynced, VramBasis};
-use hami_webhook::kai::{KaiSettings, MissingBasis, PreloadContainers};
-use hami_webhook::settings::Settings;
-use hami_webhook::vram::{KaiMetrics, VramIndex};
+use hami_webhook::policy::basis::{NoBasis, NotSynced, VramBasis};
+use hami_webhook::policy::kai::{KaiSettings, MissingBasis, PreloadContainers};
+use hami_webhook::policy::settings::Settings;
+use hami_webhook::shell::vram::{KaiMetrics, VramIndex};
 use hami_webhook::{Decision, Observation, decide_pod};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{Value, json};
@@ -59,7 +59,7 @@ fn decide(pod: &Value, settings: &Settings) -> Decision {
 
 fn decide_with(pod: &Value, settings: &Settings, vram: &dyn VramBasis) -> Decision {
     let bytes = serde_json::to_vec(pod).unwrap();
-    let view: hami_webhook::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
+    let view: hami_webhook::wire::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
     decide_pod(&view, Some("ml-team"), settings, vram)
 }
 
@@ -772,7 +772,10 @@ fn wide_pods_are_denied_before_their_patch_outgrows_what_can_be_stored() {
         panic!("2000 containers in env mode fit");
     };
     let bytes = serde_json::to_vec(&patch).unwrap().len();
-    assert!(bytes <= hami_webhook::patch::MAX_PATCH_BYTES, "{bytes}");
+    assert!(
+        bytes <= hami_webhook::wire::patch::MAX_PATCH_BYTES,
+        "{bytes}"
+    );
     assert!(
         bytes > 500_000,
         "{bytes}: the case should be near the bound to mean something"
@@ -788,7 +791,10 @@ fn warnings_are_capped() {
             json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": format!("{}m", name.len())}]);
     }
     let out = mutate(&pod, &settings(16384));
-    assert_eq!(out.warnings.len(), hami_webhook::mutation::MAX_WARNINGS + 1);
+    assert_eq!(
+        out.warnings.len(),
+        hami_webhook::policy::mutation::MAX_WARNINGS + 1
+    );
     assert_eq!(
         out.warnings.last().unwrap(),
         "and 84 more warnings (only the first 16 are shown)"
@@ -870,8 +876,8 @@ fn basis_from_nodes_is_narrowed_by_placement() {
     assert_eq!(
         out.observations,
         [
-            Observation::KaiCapSkipped(hami_webhook::basis::SkipReason::NoMatchingNode),
-            Observation::KaiPod(hami_webhook::mutation::KaiLimit::None)
+            Observation::KaiCapSkipped(hami_webhook::policy::basis::SkipReason::NoMatchingNode),
+            Observation::KaiPod(hami_webhook::policy::mutation::KaiLimit::None)
         ]
     );
     let metrics = KaiMetrics::default();
@@ -932,9 +938,9 @@ fn no_source_and_unsynced_index_skip_the_cap_with_a_reason() {
 #[test]
 fn mutate_command_shows_the_projected_files() {
     let pod = serde_json::to_vec(&object(SMALL)).unwrap();
-    let out = hami_webhook::cli::mutate_command(
+    let out = hami_webhook::shell::offline_commands::mutate_command(
         &pod,
-        hami_webhook::cli::MutateOutput::Pod,
+        hami_webhook::shell::offline_commands::MutateOutput::Pod,
         &settings(16384),
         &NoBasis,
     );
@@ -954,8 +960,12 @@ fn mutate_command_shows_the_projected_files() {
     // env delivery: no file to show.
     let mut s = settings(16384);
     s.kai.limit_delivery = hami_shared::values::LimitDelivery::Env;
-    let out =
-        hami_webhook::cli::mutate_command(&pod, hami_webhook::cli::MutateOutput::Pod, &s, &NoBasis);
+    let out = hami_webhook::shell::offline_commands::mutate_command(
+        &pod,
+        hami_webhook::shell::offline_commands::MutateOutput::Pod,
+        &s,
+        &NoBasis,
+    );
     assert!(!out.stderr.contains("limits file"), "{}", out.stderr);
 }
 
@@ -1257,8 +1267,8 @@ fn the_opt_out_gives_each_preloaded_container_a_file_saying_it_is_uncapped() {
     assert_eq!(
         out.observations,
         [
-            Observation::KaiCapSkipped(hami_webhook::basis::SkipReason::NoSource),
-            Observation::KaiPod(hami_webhook::mutation::KaiLimit::None)
+            Observation::KaiCapSkipped(hami_webhook::policy::basis::SkipReason::NoSource),
+            Observation::KaiPod(hami_webhook::policy::mutation::KaiLimit::None)
         ]
     );
     // preloadContainers: fraction: the one preloaded container.

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hami_webhook::dev::{DevCerts, generate_localhost};
-use hami_webhook::settings::Settings;
+use hami_webhook::policy::settings::Settings;
+use hami_webhook::shell::dev_mode::{DevCerts, generate_localhost};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
@@ -291,7 +291,7 @@ async fn a_fraction_pod_without_a_basis_is_denied_by_default_and_counted_when_op
     server.stop().await;
 
     let server = start(&certs, |s| {
-        s.kai.missing_basis = hami_webhook::kai::MissingBasis::Warn;
+        s.kai.missing_basis = hami_webhook::policy::kai::MissingBasis::Warn;
     })
     .await;
     let mut conn = connect(server.addr, client_config(&certs.ca_pem, &[b"h2"], false))

@@ -127,8 +127,13 @@ pub fn apply_webhook(mut pod: Value) -> Value {
     let mut settings = hami_webhook::Settings::default();
     settings.nvidia.gpu_core_policy = hami_shared::values::CorePolicy::Force;
     let text = serde_json::to_string(&pod).unwrap();
-    let view: hami_webhook::pod::Pod<'_> = serde_json::from_str(&text).unwrap();
-    match hami_webhook::decide_pod(&view, Some(NS), &settings, &hami_webhook::basis::NoBasis) {
+    let view: hami_webhook::wire::pod::Pod<'_> = serde_json::from_str(&text).unwrap();
+    match hami_webhook::decide_pod(
+        &view,
+        Some(NS),
+        &settings,
+        &hami_webhook::policy::basis::NoBasis,
+    ) {
         hami_webhook::Decision::Allow { patch, .. } => {
             let patch: json_patch::Patch =
                 serde_json::from_value(serde_json::to_value(&patch).unwrap()).unwrap();

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hami_webhook::server::{CertSource, run};
-use hami_webhook::settings::Settings;
-use hami_webhook::vram::{KaiMetrics, VramSource};
+use hami_webhook::policy::settings::Settings;
+use hami_webhook::shell::server::{CertSource, run};
+use hami_webhook::shell::vram::{KaiMetrics, VramSource};
 use http::{Request, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};

@@ -1,0 +1,206 @@
+//! HAMi GPU pods: what HAMi's own webhook does, made strict.
+//!
+//! A container is a GPU container when its limits or requests name a configured HAMi resource.
+//! For those containers (init containers included: the device plugin serves them too):
+//! `CUDA_TASK_PRIORITY` from the priority limit, `GPU_CORE_UTILIZATION_POLICY` when the policy is
+//! not `default`; a variable the container already sets is left alone (with a warning when it
+//! differs). The pod goes to the HAMi scheduler unless it names another scheduler, in which case it
+//! is not a HAMi pod and nothing is changed. A privileged GPU container sees every GPU of the node,
+//! so it is denied (configurable). A GPU container's own mount at `/overrideEnv` or
+//! `/etc/ld.so.preload` (where the device plugin mounts the limits file and the preload list) is
+//! denied: it would replace them.
+//!
+//! Two more of HAMi's webhook settings (HAMi v2.10.0 `pkg/device/nvidia/device.go`):
+//! `defaultGPUNum` (`mutateContainerResource`, lines 398-415): a container whose **limits** name
+//! the memory, memory-percentage or core resource but not the count resource gets
+//! `<count>: defaultGPUNum` (not when 0, nor when its requests name the count); `overwriteEnv`
+//! (lines 380-385): every container that gets no GPU gets `NVIDIA_VISIBLE_DEVICES=none`, except in
+//! KAI pods (`gpu-memory` / `gpu-fraction`: their GPUs come from another device plugin).
+
+use hami_shared::names::{
+    ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ENV_CUDA_DISABLE_CONTROL,
+    ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_NVIDIA_VISIBLE_DEVICES,
+    LD_SO_PRELOAD_PATH, OVERRIDE_ENV_PATH,
+};
+use hami_shared::values::{CorePolicy, TaskPriority};
+
+use crate::policy::mutation::{Denial, PodMutation};
+use crate::policy::settings::Settings;
+use crate::wire::mountpath::resolve;
+use crate::wire::pod::{Container, ContainerRef, DEFAULT_SCHEDULER};
+
+/// Apply HAMi's GPU-pod mutations.
+///
+/// # Errors
+/// [`Denial`] for a privileged GPU container (when configured), a priority limit that is not an
+/// integer, or a GPU container's own mount at `/overrideEnv` or `/etc/ld.so.preload`.
+pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), Denial> {
+    let pod = m.pod();
+    let scheduler = pod.spec.scheduler_name.as_deref().unwrap_or("");
+    let retarget = scheduler.is_empty() || scheduler == DEFAULT_SCHEDULER;
+    if !retarget && scheduler != settings.scheduler_name {
+        return Ok(());
+    }
+    let nvidia = &settings.nvidia;
+    let gpu_names = nvidia.gpu_resource_names();
+    let kai_pod = pod.annotation(ANNOTATION_GPU_MEMORY).is_some()
+        || pod.annotation(ANNOTATION_GPU_FRACTION).is_some();
+    let mut any_gpu = false;
+    for (at, container) in pod.all_containers() {
+        let gets_gpu = container.limit(&nvidia.resource_count_name).is_some()
+            || (nvidia.default_gpu_num > 0 && names_share_limit(container, nvidia));
+        if gets_gpu
+            && container.limit(&nvidia.resource_count_name).is_none()
+            && !container.names_resource(&nvidia.resource_count_name)
+        {
+            m.patch.set_container_limit(
+                at,
+                &nvidia.resource_count_name,
+                nvidia.default_gpu_num.to_string(),
+            );
+        }
+        if nvidia.overwrite_env && !gets_gpu && !kai_pod {
+            set_env(m, at, container, ENV_NVIDIA_VISIBLE_DEVICES, "none");
+        }
+        let Some(resource) = gpu_names
+            .iter()
+            .copied()
+            .find(|n| container.names_resource(n))
+        else {
+            continue;
+        };
+        any_gpu = true;
+        m.check_patch_size()?;
+        mutate_gpu_container(m, at, container, resource, settings)?;
+    }
+    if any_gpu && retarget {
+        m.patch.set_scheduler_name(&settings.scheduler_name);
+    }
+    Ok(())
+}
+
+/// One GPU container (it names `resource`): the privileged check, the device plugin's mount
+/// paths, `CUDA_TASK_PRIORITY` from the priority limit and `GPU_CORE_UTILIZATION_POLICY`.
+fn mutate_gpu_container(
+    m: &mut PodMutation<'_, '_>,
+    at: ContainerRef,
+    container: &Container<'_>,
+    resource: &str,
+    settings: &Settings,
+) -> Result<(), Denial> {
+    if container.is_privileged() {
+        let why = format!(
+            "container {:?} is privileged and requests {resource}: a privileged container sees every GPU on the node",
+            container.name
+        );
+        if settings.deny_privileged_gpu_containers {
+            return Err(m.deny(why));
+        }
+        m.warn(format!("{why}; its GPU limits cannot be enforced"));
+    }
+    check_device_plugin_mounts(m, container)?;
+    let priority_name = settings.nvidia.resource_priority_name.as_str();
+    if let Some(raw) = container.limit(priority_name) {
+        let priority: TaskPriority = raw.parse().map_err(|_| {
+            m.deny(format_args!(
+                "container {:?}: limit {priority_name}={raw:?} is not an integer",
+                container.name
+            ))
+        })?;
+        set_env(
+            m,
+            at,
+            container,
+            ENV_CUDA_TASK_PRIORITY,
+            &priority.to_string(),
+        );
+    }
+    let policy = settings.nvidia.gpu_core_policy;
+    if policy != CorePolicy::Default {
+        set_env(
+            m,
+            at,
+            container,
+            ENV_GPU_CORE_UTILIZATION_POLICY,
+            policy.as_str(),
+        );
+    }
+    Ok(())
+}
+
+/// A GPU container may not mount its own volume where the device plugin's `Allocate` mounts the
+/// limits file (`/overrideEnv`) or the preload list (`/etc/ld.so.preload`; not when the container
+/// sets `CUDA_DISABLE_CONTROL=true`, which turns that mount off). On a real node (containerd 1.6,
+/// runc, `tests/tests/real_node.rs`) the pod's mount at the same path is applied after the device
+/// plugin's: a file there would replace the limits in every process (an empty one: no limit), and
+/// a folder makes the container fail to start. Paths are compared cleaned, as kubelet does.
+fn check_device_plugin_mounts(
+    m: &PodMutation<'_, '_>,
+    container: &Container<'_>,
+) -> Result<(), Denial> {
+    let preload_off = container
+        .env_var(ENV_CUDA_DISABLE_CONTROL)
+        .is_some_and(|e| e.value.as_deref() == Some("true"));
+    for mnt in container.volume_mounts.as_deref().unwrap_or_default() {
+        let path = resolve(&mnt.mount_path);
+        let what = if path == OVERRIDE_ENV_PATH {
+            "the limits file"
+        } else if path == LD_SO_PRELOAD_PATH && !preload_off {
+            "the preload list that loads HAMi-core"
+        } else {
+            continue;
+        };
+        return Err(m.deny(format_args!(
+            "container {:?} mounts volume {:?} at {:?} ({path}), where the device plugin mounts {what} on allocation: the container's mount would replace it; remove or move that mount",
+            container.name, mnt.name, mnt.mount_path
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the container's limits name the memory, memory-percentage or core resource (HAMi's
+/// condition for `defaultGPUNum`).
+fn names_share_limit(
+    container: &Container<'_>,
+    nvidia: &crate::policy::settings::NvidiaSettings,
+) -> bool {
+    [
+        &nvidia.resource_memory_name,
+        &nvidia.resource_memory_percentage_name,
+        &nvidia.resource_core_name,
+    ]
+    .into_iter()
+    .any(|n| container.limit(n).is_some())
+}
+
+/// Add `name=value` unless the container defines `name`; a definition with another value (or a
+/// `valueFrom`) is left alone with a warning. The same literal value is silent, so reviewing an
+/// already-mutated pod changes nothing and warns about nothing.
+fn set_env(
+    m: &mut PodMutation<'_, '_>,
+    at: ContainerRef,
+    container: &Container<'_>,
+    name: &str,
+    value: &str,
+) {
+    match container.env_var(name) {
+        None => {
+            if !m.patch.container_has_env(at, name) {
+                m.patch.add_env(at, name, value.to_owned());
+            }
+        }
+        Some(existing) if !existing.is_value_from() && existing.value.as_deref() == Some(value) => {
+        }
+        Some(existing) => {
+            let current = if existing.is_value_from() {
+                "from valueFrom".to_owned()
+            } else {
+                format!("to {:?}", existing.value.as_deref().unwrap_or(""))
+            };
+            m.warn(format!(
+                "container {:?} already sets {name} {current}; left as is (HAMi would set {value:?})",
+                container.name
+            ));
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! KAI fractional-sharing pods: HAMi-core injection and `CUDA_DEVICE_MEMORY_LIMIT` from
+//! `gpu-memory` / `gpu-fraction`, with the limits file projected through a downward-API volume.
+//!
+//! Steps, each in its own module:
+//!
+//! 1. [`select`]: is this a KAI pod (annotation + scheduler, opt-outs), and is its request valid?
+//! 2. [`quantity`]: the request in MiB, with exact decimal arithmetic; a fraction needs the
+//!    per-GPU VRAM basis ([`crate::policy::basis::VramBasis`], passed in by the caller) narrowed to the
+//!    nodes the pod can land on ([`crate::policy::placement`]).
+//! 3. [`inject`]: the HAMi-core preload (hostPath volume, two mounts) into the target containers,
+//!    and the limit variable into every container that does not set one.
+//! 4. [`downward`]: in `file` delivery mode, the per-container limits file as a webhook-owned
+//!    annotation, projected read-only at `/overrideEnv`; for `gpu-fraction` it also carries the
+//!    fraction and the node GPU file's path (the preload library's exact per-node cap), and for a
+//!    pod admitted without a cap (`kai.missingBasis: warn`) it says so (`HAMI_UNCAPPED`).
+//!
+//! [`settings`] holds the `kai:` section. Nothing here imports this module back.
+
+pub mod downward;
+pub mod inject;
+pub mod quantity;
+pub mod select;
+pub mod settings;
+
+use hami_preload_core::fraction::MAX_PLACES;
+use hami_shared::limits_file::project_value_problem;
+use hami_shared::names::{ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS, NODE_GPUS_FILE};
+use hami_shared::values::LimitDelivery;
+
+use crate::policy::basis::{Basis, SkipReason, VramBasis};
+use crate::policy::mutation::{Denial, KaiLimit, Observation, PodMutation};
+use crate::policy::placement::Placement;
+use crate::wire::pod::ContainerRef;
+use downward::FileCap;
+
+pub use select::KaiRequest;
+pub use settings::{KaiSettings, MissingBasis, PreloadContainers};
+
+/// Apply the KAI mutations to a pod. `vram` is the per-GPU VRAM basis for `gpu-fraction` pods,
+/// used when `kai.perGpuVramMib` is not set; `annotation_delivery` is the pod's parsed
+/// `hami.io/limit-delivery`; what happened is recorded as observations.
+///
+/// # Errors
+/// [`Denial`] for an invalid KAI request (bad or conflicting annotations, a container name that
+/// matches nothing, a cap below 1 MiB), a pod that would bypass the limits file, or (with
+/// `kai.missingBasis: deny`, the default) a `gpu-fraction` pod whose cap cannot be computed.
+pub fn mutate(
+    m: &mut PodMutation<'_, '_>,
+    kai: &KaiSettings,
+    vram: &dyn VramBasis,
+    annotation_delivery: Option<LimitDelivery>,
+) -> Result<(), Denial> {
+    let Some(raw) = select::select(m.pod(), kai) else {
+        return Ok(());
+    };
+    let request = select::validate(m, &raw)?;
+    let cap = memory_cap(m, kai, vram, &request, &raw)?;
+    let targets = select::preload_targets(m, kai.preload_containers)?;
+    inject::preload(m, &targets, &kai.hook_path)?;
+    // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
+    // webhook's `kai.limitDelivery`: KAI pods have no node config.
+    let delivery = annotation_delivery.unwrap_or(kai.limit_delivery);
+    match cap {
+        Ok(mib) => deliver_capped(m, kai, &request, &targets, mib, delivery),
+        Err(reason) => deliver_uncapped(m, &targets, reason, delivery),
+    }
+}
+
+/// The pod's GPU memory cap in MiB: `gpu-memory` as asked, `gpu-fraction` of the per-GPU VRAM
+/// basis (`kai.perGpuVramMib`, else `vram` narrowed to where the pod can land). `Ok(Err(reason))`
+/// when there is no basis and `kai.missingBasis` is warn (observed and warned here).
+///
+/// # Errors
+/// [`Denial`] for a fraction of the basis below 1 MiB, or no basis with `kai.missingBasis: deny`.
+fn memory_cap(
+    m: &mut PodMutation<'_, '_>,
+    kai: &KaiSettings,
+    vram: &dyn VramBasis,
+    request: &KaiRequest,
+    raw: &select::RawRequest<'_>,
+) -> Result<Result<u64, SkipReason>, Denial> {
+    let f = match request {
+        KaiRequest::Memory(mib) => return Ok(Ok(*mib)),
+        KaiRequest::Fraction(f) => f,
+    };
+    let basis = match kai.per_gpu_vram_mib {
+        Some(mib) if mib > 0 => Ok(Basis { mib }),
+        _ => vram.basis(&Placement::of_pod(m.pod())),
+    };
+    match basis {
+        Ok(basis) => {
+            let mib = f.of(basis.mib);
+            if mib == 0 {
+                return Err(m.deny(format_args!(
+                    "annotation gpu-fraction={:?} of the per-GPU VRAM ({} MiB) is below 1 MiB; a limit of 0 would mean unlimited to HAMi-core",
+                    raw.value, basis.mib
+                )));
+            }
+            Ok(Ok(mib))
+        }
+        Err(reason) if kai.missing_basis == MissingBasis::Deny => Err(m.deny(format_args!(
+            "annotation gpu-fraction={:?} needs the per-GPU VRAM to set its GPU memory cap, and none is known: {reason}. kai.missingBasis is deny, so the pod is refused rather than run uncapped. To fix: label the GPU nodes this pod can land on with nvidia.com/gpu.memory=<MiB> (GPU Feature Discovery does), set kai.perGpuVramMib (HAMI_KAI__PER_GPU_VRAM_MIB), or request gpu-memory=<MiB> instead of gpu-fraction",
+            raw.value
+        ))),
+        Err(reason) => {
+            m.observe(Observation::KaiCapSkipped(reason));
+            m.warn(format!(
+                "gpu-fraction={:?}: GPU memory cap skipped (kai.missingBasis is warn), HAMi-core is injected without CUDA_DEVICE_MEMORY_LIMIT: {reason}",
+                raw.value
+            ));
+            Ok(Err(reason))
+        }
+    }
+}
+
+/// A pod with a cap: the limit variable in every container without one of its own, and (file
+/// delivery) each such container's limits file, with the per-node keys in the preloaded
+/// containers of a `gpu-fraction` pod.
+fn deliver_capped(
+    m: &mut PodMutation<'_, '_>,
+    kai: &KaiSettings,
+    request: &KaiRequest,
+    targets: &[ContainerRef],
+    limit_mib: u64,
+    delivery: LimitDelivery,
+) -> Result<(), Denial> {
+    let (limit, limited) = inject::memory_limit(m, limit_mib)?;
+    let per_node = match (request, delivery) {
+        (KaiRequest::Fraction(f), LimitDelivery::File) => per_node_keys(m, f, &kai.hook_path),
+        _ => None,
+    };
+    let files: Vec<(ContainerRef, FileCap<'_>)> = limited
+        .iter()
+        .map(|&at| {
+            let cap = match &per_node {
+                // The node GPU file is in the hook folder, mounted in the preloaded containers only.
+                Some((fraction, node_gpus)) if targets.contains(&at) => FileCap::PerNode {
+                    limit,
+                    fraction,
+                    node_gpus,
+                },
+                _ => FileCap::Limit(limit),
+            };
+            (at, cap)
+        })
+        .collect();
+    downward::deliver(m, &files, delivery)?;
+    m.observe(Observation::KaiPod(match request {
+        KaiRequest::Memory(_) => KaiLimit::GpuMemory,
+        KaiRequest::Fraction(_) => KaiLimit::GpuFraction,
+    }));
+    Ok(())
+}
+
+/// A pod admitted without a cap (`kai.missingBasis: warn`): the opt-out made visible where the
+/// container runs. In file delivery each preloaded container without a limit of its own gets a
+/// file saying why it has none.
+fn deliver_uncapped(
+    m: &mut PodMutation<'_, '_>,
+    targets: &[ContainerRef],
+    reason: SkipReason,
+    delivery: LimitDelivery,
+) -> Result<(), Denial> {
+    let files: Vec<(ContainerRef, FileCap<'_>)> = if delivery == LimitDelivery::File {
+        let pod = m.pod();
+        targets
+            .iter()
+            .filter(|&&at| {
+                pod.container(at).is_some_and(|c| {
+                    !c.env
+                        .iter()
+                        .flatten()
+                        .any(|e| inject::is_memory_limit_var(&e.name))
+                })
+            })
+            .map(|&at| (at, FileCap::Uncapped(reason)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    downward::deliver(m, &files, delivery)?;
+    m.observe(Observation::KaiPod(KaiLimit::None));
+    Ok(())
+}
+
+/// `HAMI_GPU_FRACTION` and `HAMI_NODE_GPUS` for a `gpu-fraction` pod in file delivery: the
+/// canonical fraction and `<kai.hookPath, cleaned>/node-gpus` (the hook folder is mounted at its
+/// own path, read-only, by [`inject::preload`], and the device plugin's `install-hook` publishes
+/// the node GPU file there). `None`, with a warning, when the file cannot hold them: the
+/// admission-time cap then stands alone.
+fn per_node_keys(
+    m: &mut PodMutation<'_, '_>,
+    fraction: &quantity::Fraction,
+    hook_path: &str,
+) -> Option<(String, String)> {
+    let hook = crate::wire::mountpath::resolve(hook_path);
+    let node_gpus = format!("{}/{NODE_GPUS_FILE}", hook.trim_end_matches('/'));
+    let Some(canonical) = fraction.canonical() else {
+        m.warn(format!(
+            "gpu-fraction={fraction}: more than {MAX_PLACES} decimal places, more than the limits file's {ENV_HAMI_GPU_FRACTION} holds; the container keeps the admission-time cap (the fraction of the smallest GPU it could land on), not the exact cap of its node's GPU"
+        ));
+        return None;
+    };
+    if let Some(problem) = project_value_problem(ENV_HAMI_NODE_GPUS, &node_gpus) {
+        m.warn(format!(
+            "kai.hookPath {hook_path:?}: the node GPU file's path {node_gpus:?} is {problem}; the limits files carry the admission-time cap only (no {ENV_HAMI_GPU_FRACTION}, {ENV_HAMI_NODE_GPUS})"
+        ));
+        return None;
+    }
+    Some((canonical, node_gpus))
+}

@@ -1,0 +1,97 @@
+//! The `kai:` settings section: plain data (the basis the decision uses is passed beside it, see
+//! [`crate::policy::basis`]).
+
+use hami_shared::values::LimitDelivery;
+use serde::{Deserialize, Serialize};
+
+/// Which containers get the HAMi-core preload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreloadContainers {
+    /// The container named by `gpu-fraction-container-name` (init containers searched first),
+    /// else `containers[0]`: the one container that has the GPU. Preloading HAMi-core into a
+    /// container without GPU driver libraries is fatal, which is why KAI-resource-isolator moved
+    /// to this (default).
+    #[default]
+    Fraction,
+    /// Every container and init container, as the hami_kai seed fork does.
+    All,
+}
+
+/// What a `gpu-fraction` pod gets when no per-GPU VRAM basis is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingBasis {
+    /// The explicit opt-out: admit it with HAMi-core but without a memory cap, with a warning, a
+    /// metric and (file delivery) a limits file saying `HAMI_UNCAPPED=<reason>`.
+    Warn,
+    /// Refuse it, saying why and how to provide a basis (fail closed; default: a GPU share is
+    /// never run uncapped unless an operator asked for it).
+    #[default]
+    Deny,
+}
+
+impl MissingBasis {
+    /// The accepted values, for messages.
+    pub const ACCEPTED: &'static str = "warn, deny";
+}
+
+impl<'de> Deserialize<'de> for MissingBasis {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(deserializer)?;
+        match value.as_str() {
+            "warn" => Ok(Self::Warn),
+            "deny" => Ok(Self::Deny),
+            _ => Err(serde::de::Error::custom(format_args!(
+                "{value:?} is not one of: {}",
+                Self::ACCEPTED
+            ))),
+        }
+    }
+}
+
+/// The `kai:` settings section. Unknown keys are refused (the message names the key): this
+/// section is ours, not HAMi's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct KaiSettings {
+    /// Schedulers whose pods are KAI pods; empty means any. Default `[kai-scheduler]`.
+    #[serde(alias = "schedulernames")]
+    pub scheduler_names: Vec<String>,
+    /// `fraction` (default) or `all`.
+    #[serde(alias = "preloadcontainers")]
+    pub preload_containers: PreloadContainers,
+    /// The host folder holding `libvgpu.so` and `ld.so.preload`, mounted at the same path.
+    /// Default `/usr/local/vgpu`.
+    #[serde(alias = "hookpath")]
+    pub hook_path: String,
+    /// Per-GPU VRAM in MiB for `gpu-fraction` pods; when set, authoritative and node detection is
+    /// off. Env `HAMI_KAI__PER_GPU_VRAM_MIB`. Default: unset (detect from node labels).
+    #[serde(alias = "pergpuvrammib")]
+    pub per_gpu_vram_mib: Option<u64>,
+    /// Label selector of the node watch. Default `nvidia.com/gpu.memory` (GFD's label).
+    #[serde(alias = "nodelabelselector")]
+    pub node_label_selector: String,
+    /// Delivery mode when the pod has no `hami.io/limit-delivery`: `file` (default) or `env`.
+    #[serde(alias = "limitdelivery")]
+    pub limit_delivery: LimitDelivery,
+    /// A `gpu-fraction` pod without a per-GPU VRAM basis: `deny` (default: refused, fail closed)
+    /// or `warn` (the opt-out: admitted uncapped, with a warning). Env `HAMI_KAI__MISSINGBASIS`.
+    /// `gpu-memory` pods need no basis.
+    #[serde(alias = "missingbasis")]
+    pub missing_basis: MissingBasis,
+}
+
+impl Default for KaiSettings {
+    fn default() -> Self {
+        Self {
+            scheduler_names: vec![hami_shared::names::KAI_SCHEDULER_NAME.to_owned()],
+            preload_containers: PreloadContainers::Fraction,
+            hook_path: "/usr/local/vgpu".to_owned(),
+            per_gpu_vram_mib: None,
+            node_label_selector: hami_shared::names::LABEL_GPU_MEMORY.to_owned(),
+            limit_delivery: LimitDelivery::File,
+            missing_basis: MissingBasis::Deny,
+        }
+    }
+}

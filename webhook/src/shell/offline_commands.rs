@@ -1,0 +1,152 @@
+//! The offline commands, `review` and `mutate`, as functions over bytes so that they are tested
+//! without a process; `main.rs` only moves their output to stdout/stderr.
+
+use serde_json::Value;
+
+use crate::policy::basis::VramBasis;
+use crate::policy::decide::decide_pod;
+use crate::policy::mutation::{Decision, ProjectedFile};
+use crate::policy::settings::Settings;
+use crate::wire::patch::PatchOp;
+use crate::wire::pod::Pod;
+
+/// What a command prints and how it exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: i32,
+}
+
+/// `hami-webhook review`: one AdmissionReview JSON in, the response AdmissionReview out. Exit 0
+/// whatever the decision; 2 when the input is not JSON.
+#[must_use]
+pub fn review_command(input: &[u8], settings: &Settings, vram: &dyn VramBasis) -> CommandOutput {
+    match crate::review(input, settings, vram) {
+        Ok(reviewed) => CommandOutput {
+            stdout: String::from_utf8_lossy(&reviewed.body).into_owned() + "\n",
+            stderr: String::new(),
+            code: 0,
+        },
+        Err(e) => CommandOutput {
+            stdout: String::new(),
+            stderr: format!("hami-webhook review: {e}\n"),
+            code: 2,
+        },
+    }
+}
+
+/// What `mutate` prints on stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MutateOutput {
+    /// The mutated pod as YAML.
+    Pod,
+    /// The JSONPatch as JSON.
+    Patch,
+}
+
+/// `hami-webhook mutate`: a Pod (YAML or JSON) in; the mutated pod (or the patch) on stdout, the
+/// warnings or the denial on stderr; exit 1 when denied, 2 when the input is not a pod.
+#[must_use]
+pub fn mutate_command(
+    input: &[u8],
+    output: MutateOutput,
+    settings: &Settings,
+    vram: &dyn VramBasis,
+) -> CommandOutput {
+    let fail = |message: String| CommandOutput {
+        stdout: String::new(),
+        stderr: format!("hami-webhook mutate: {message}\n"),
+        code: 2,
+    };
+    let object = match pod_object(input) {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    // The typed pod straight from the user's text, so that an error names the user's line and
+    // column (not a column of an internal JSON form).
+    let pod: Pod<'_> = match serde_yaml_ng::from_slice(input) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("not a valid Pod: {e}")),
+    };
+    let namespace = pod
+        .metadata
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default");
+    match decide_pod(&pod, Some(namespace), settings, vram) {
+        Decision::Deny { message } | Decision::Invalid { message } => CommandOutput {
+            stdout: String::new(),
+            stderr: format!("denied: {message}\n"),
+            code: 1,
+        },
+        Decision::Allow {
+            patch,
+            warnings,
+            limits_files,
+            ..
+        } => {
+            let stdout = match output {
+                MutateOutput::Patch => serde_json::to_string_pretty(&patch)
+                    .map(|s| s + "\n")
+                    .map_err(|e| e.to_string()),
+                MutateOutput::Pod => mutated_pod(object, &patch),
+            };
+            let stdout = match stdout {
+                Ok(s) => s,
+                Err(e) => return fail(e),
+            };
+            CommandOutput {
+                stdout,
+                stderr: admitted_stderr(&warnings, &limits_files, patch.is_empty()),
+                code: 0,
+            }
+        }
+    }
+}
+
+/// The input as a JSON value, checked to be a Pod, with its quantities as strings.
+fn pod_object(input: &[u8]) -> Result<Value, String> {
+    // YAML is a superset of JSON, so one parser reads both.
+    let mut object: Value =
+        serde_yaml_ng::from_slice(input).map_err(|e| format!("input is not YAML or JSON: {e}"))?;
+    if object.get("kind").and_then(Value::as_str) != Some("Pod") {
+        return Err("input is not a Pod (kind: Pod)".to_owned());
+    }
+    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it (the typed
+    // pod reads it as "1"; the object the patch applies to gets the string too, as kubectl sends).
+    hami_shared::manifest::quantities_as_strings(&mut object);
+    Ok(object)
+}
+
+/// The pod with `patch` applied, as YAML.
+fn mutated_pod(mut object: Value, patch: &[PatchOp]) -> Result<String, String> {
+    let ops = serde_json::to_value(patch)
+        .and_then(serde_json::from_value::<json_patch::Patch>)
+        .map_err(|e| e.to_string())?;
+    json_patch::patch(&mut object, &ops).map_err(|e| format!("the patch does not apply: {e}"))?;
+    serde_yaml_ng::to_string(&object).map_err(|e| e.to_string())
+}
+
+/// What `mutate` prints on stderr for an admitted pod: the warnings, the limits files the
+/// downward-API volume would project (KAI file delivery), and whether nothing changed.
+fn admitted_stderr(warnings: &[String], limits_files: &[ProjectedFile], unchanged: bool) -> String {
+    let mut stderr: String = warnings.iter().map(|w| format!("warning: {w}\n")).collect();
+    for file in limits_files {
+        stderr.push_str(&format!(
+            "limits file for container {:?} (read-only at {}):\n",
+            file.container,
+            hami_shared::names::OVERRIDE_ENV_PATH
+        ));
+        for line in file.text.lines() {
+            stderr.push_str("  ");
+            stderr.push_str(line);
+            stderr.push('\n');
+        }
+    }
+    if unchanged {
+        stderr.push_str("unchanged: the webhook would admit this pod as is\n");
+    }
+    stderr
+}

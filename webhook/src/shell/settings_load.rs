@@ -1,0 +1,301 @@
+//! The webhook's settings loaded: built-in defaults < a YAML/JSON file (`--config`) < environment
+//! variables prefixed `HAMI_` with `__` between levels (e.g. `HAMI_NVIDIA__GPUCOREPOLICY=force`,
+//! `HAMI_SERVER__BODYLIMITBYTES=1048576`), with the shared layered loader. The typed settings are
+//! [`crate::policy::settings`]'s; this module is the file and environment reading, and defines
+//! [`Settings::load`] on them.
+//!
+//! Old environment names keep working, each with a deprecation notice (logged once by the
+//! program): `PER_GPU_VRAM_MIB` → `HAMI_KAI__PER_GPU_VRAM_MIB`. `HAMI_LOG_FORMAT`, the name the
+//! other hami-limits programs read, sets `server.logFormat` too.
+
+use std::path::{Path, PathBuf};
+
+use crate::policy::settings::{NvidiaSettings, Settings};
+
+/// A settings file or environment value that could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SettingsError(pub String);
+
+/// Environment names that still work, each with the name to use instead.
+pub const DEPRECATED_ENV: [(&str, &str); 1] = [("PER_GPU_VRAM_MIB", "HAMI_KAI__PER_GPU_VRAM_MIB")];
+
+/// `HAMI_LOG_FORMAT`: the log format variable every hami-limits program reads.
+pub const ENV_LOG_FORMAT: &str = "HAMI_LOG_FORMAT";
+
+/// Map the old environment names onto the layered ones (a layered name, when also set, wins) and
+/// say what was mapped, so that every variable is read by one mechanism.
+fn with_current_names(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let mut env: Vec<(String, String)> = env.into_iter().collect();
+    let mut notices = Vec::new();
+    let renames = DEPRECATED_ENV
+        .iter()
+        .map(|&(old, new)| (old, new, true))
+        .chain([(ENV_LOG_FORMAT, "HAMI_SERVER__LOGFORMAT", false)]);
+    for (old, new, deprecated) in renames {
+        let Some(value) = env.iter().find(|(k, _)| k == old).map(|(_, v)| v.clone()) else {
+            continue;
+        };
+        let set = |k: &str| {
+            let fold = |s: &str| s.replace('_', "").to_ascii_lowercase();
+            fold(k) == fold(new)
+        };
+        if env.iter().any(|(k, _)| set(k)) {
+            if deprecated {
+                notices.push(format!("{old} is deprecated and ignored: {new} is set"));
+            }
+            continue;
+        }
+        if deprecated {
+            notices.push(format!("{old} is deprecated: use {new}"));
+        }
+        env.push((new.to_owned(), value));
+    }
+    (env, notices)
+}
+
+/// The settings file's text with the `nvidia:` section of its `deviceConfigFile` (a HAMi
+/// `device-config.yaml`) put in, so that the layered loader (and the `HAMI_NVIDIA__*` variables
+/// over it) sees one document. Unchanged when the file names no `deviceConfigFile`.
+fn with_device_config(path: &Path, text: &str) -> Result<String, SettingsError> {
+    let bad = |what: String| SettingsError(format!("{}: {what}", path.display()));
+    let Ok(serde_yaml_ng::Value::Mapping(mut doc)) = serde_yaml_ng::from_str(text) else {
+        // Not a mapping: the layered loader reports it with its own message.
+        return Ok(text.to_owned());
+    };
+    let Some(device_file) = doc.get("deviceConfigFile") else {
+        return Ok(text.to_owned());
+    };
+    let Some(device_file) = device_file.as_str().map(PathBuf::from) else {
+        return Err(bad(format!(
+            "deviceConfigFile: {device_file:?} is not a path (accepted: an absolute or relative file path)"
+        )));
+    };
+    if doc.contains_key("nvidia") {
+        return Err(bad(format!(
+            "has both an nvidia: section and deviceConfigFile {}: keep one (the nvidia: section is read from that file)",
+            device_file.display()
+        )));
+    }
+    let device_text = std::fs::read_to_string(&device_file).map_err(|source| {
+        bad(hami_shared::config::ConfigError::Read {
+            path: device_file.clone(),
+            source,
+        }
+        .to_string())
+    })?;
+    let device: serde_yaml_ng::Value = serde_yaml_ng::from_str(&device_text).map_err(|e| {
+        SettingsError(format!(
+            "{} (deviceConfigFile of {}): not YAML: {e}",
+            device_file.display(),
+            path.display()
+        ))
+    })?;
+    let Some(nvidia) = device.get("nvidia").filter(|v| v.is_mapping()) else {
+        return Err(SettingsError(format!(
+            "{} (deviceConfigFile of {}): has no nvidia: section (a HAMi device-config.yaml has one)",
+            device_file.display(),
+            path.display()
+        )));
+    };
+    // The section's values are checked here, so that an error names the file they are in.
+    serde_yaml_ng::from_value::<NvidiaSettings>(nvidia.clone()).map_err(|e| {
+        SettingsError(format!(
+            "{} (deviceConfigFile of {}): nvidia: {e}",
+            device_file.display(),
+            path.display()
+        ))
+    })?;
+    doc.insert("nvidia".into(), nvidia.clone());
+    serde_yaml_ng::to_string(&doc).map_err(|e| bad(e.to_string()))
+}
+
+impl Settings {
+    /// Defaults < `file` (YAML or JSON) < `HAMI_*` environment variables. Returns the settings
+    /// and a notice per deprecated environment name in use (the caller logs them once).
+    ///
+    /// # Errors
+    /// A file that cannot be read or a key whose value is not accepted; the message names the file,
+    /// the key and the value.
+    pub fn load(file: Option<&Path>) -> Result<(Self, Vec<String>), SettingsError> {
+        Self::load_from_env(file, std::env::vars())
+    }
+
+    /// [`Self::load`] with an explicit environment.
+    ///
+    /// # Errors
+    /// As [`Self::load`].
+    pub fn load_from_env<I>(
+        file: Option<&Path>,
+        env: I,
+    ) -> Result<(Self, Vec<String>), SettingsError>
+    where
+        I: IntoIterator<Item = (String, String)>,
+    {
+        let text = match file {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
+                SettingsError(
+                    hami_shared::config::ConfigError::Read {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                    .to_string(),
+                )
+            })?),
+            None => None,
+        };
+        let text = match (file, text) {
+            (Some(path), Some(text)) => Some(with_device_config(path, &text)?),
+            _ => None,
+        };
+        let file = file
+            .zip(text.as_deref())
+            .map(|(path, text)| hami_shared::config::FileText { path, text });
+        let (env, notices) = with_current_names(env);
+        let settings =
+            hami_shared::config::load_layered_with_schema::<Settings, _>(file, "HAMI", env)
+                .map_err(|e| SettingsError(e.to_string()))?;
+        Ok((settings, notices))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::settings::ServerSettings;
+    use hami_ops::LogFormat;
+    use hami_shared::values::CorePolicy;
+
+    #[test]
+    fn file_then_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("webhook.yaml");
+        std::fs::write(
+            &file,
+            "nvidia:\n  gpuCorePolicy: force\nschedulerName: gpu-sched\nserver:\n  bodyLimitBytes: 1024\n",
+        )
+        .unwrap();
+        let env = [
+            ("HAMI_SERVER__BODY_LIMIT_BYTES", "2048"),
+            ("HAMI_SERVER__WORKERTHREADS", "1"),
+            ("HAMI_DENY_PRIVILEGED_GPU_CONTAINERS", "false"),
+            ("HAMI_WEBHOOK_CONFIG", "/ignored"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let (s, _) = Settings::load_from_env(Some(&file), env).unwrap();
+        assert_eq!(s.nvidia.gpu_core_policy, CorePolicy::Force);
+        assert_eq!(s.scheduler_name, "gpu-sched");
+        assert_eq!(s.server.body_limit_bytes, 2048);
+        assert_eq!(s.server.worker_threads, 1);
+        assert!(!s.deny_privileged_gpu_containers);
+        assert_eq!(s.server.listen, ServerSettings::default().listen);
+        let bad = [(
+            "HAMI_NVIDIA__GPU_CORE_POLICY".to_owned(),
+            "FORCE".to_owned(),
+        )];
+        let err = Settings::load_from_env(None, bad).unwrap_err().to_string();
+        assert!(
+            err.contains("HAMI_NVIDIA__GPU_CORE_POLICY") && err.contains("FORCE"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_keys_in_our_sections_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        for (yaml, key) in [
+            ("server:\n  bodyLimitByte: 10\n", "bodyLimitByte"),
+            ("kai:\n  perGpuVramMiB2: 10\n", "perGpuVramMiB2"),
+        ] {
+            let file = dir.path().join("webhook.yaml");
+            std::fs::write(&file, yaml).unwrap();
+            let err = Settings::load_from_env(Some(&file), std::iter::empty())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+        }
+        let env = [("HAMI_SERVER__NO_SUCH_KEY".to_owned(), "1".to_owned())];
+        let err = Settings::load_from_env(None, env).unwrap_err().to_string();
+        assert!(err.contains("no_such_key"), "{err}");
+        // HAMi's sections (and the top level, which holds them) stay lenient.
+        let (s, _) = Settings::load_from_env(
+            None,
+            [(
+                "HAMI_NVIDIA__DEVICE_SPLIT_COUNT".to_owned(),
+                "10".to_owned(),
+            )],
+        )
+        .unwrap();
+        assert_eq!(s.nvidia, NvidiaSettings::default());
+    }
+
+    #[test]
+    fn missing_basis_from_file_and_environment() {
+        use crate::policy::kai::MissingBasis;
+        // Fail closed unless an operator opts out.
+        assert_eq!(Settings::default().kai.missing_basis, MissingBasis::Deny);
+        let (s, _) = Settings::load_from_env(None, std::iter::empty::<(String, String)>()).unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
+        let s: Settings = serde_yaml_ng::from_str("kai:\n  hookPath: /opt/vgpu\n").unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
+        let (s, _) = Settings::load_from_env(
+            None,
+            [("HAMI_KAI__MISSINGBASIS".to_owned(), "warn".to_owned())],
+        )
+        .unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Warn);
+        let s: Settings = serde_yaml_ng::from_str("kai:\n  missingBasis: warn\n").unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Warn);
+        let s: Settings = serde_yaml_ng::from_str("kai:\n  missingBasis: deny\n").unwrap();
+        assert_eq!(s.kai.missing_basis, MissingBasis::Deny);
+        let err = Settings::load_from_env(
+            None,
+            [("HAMI_KAI__MISSINGBASIS".to_owned(), "fail".to_owned())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("fail") && err.contains("warn"), "{err}");
+    }
+
+    #[test]
+    fn old_environment_names_still_work_with_a_notice() {
+        let env = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        let (s, notices) =
+            Settings::load_from_env(None, env(&[("PER_GPU_VRAM_MIB", "16384")])).unwrap();
+        assert_eq!(s.kai.per_gpu_vram_mib, Some(16384));
+        assert_eq!(
+            notices,
+            ["PER_GPU_VRAM_MIB is deprecated: use HAMI_KAI__PER_GPU_VRAM_MIB"]
+        );
+        let (s, notices) = Settings::load_from_env(
+            None,
+            env(&[
+                ("PER_GPU_VRAM_MIB", "1"),
+                ("HAMI_KAI__PER_GPU_VRAM_MIB", "2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.kai.per_gpu_vram_mib, Some(2));
+        assert_eq!(notices.len(), 1);
+        let (s, notices) =
+            Settings::load_from_env(None, env(&[("HAMI_LOG_FORMAT", "json")])).unwrap();
+        assert_eq!(s.server.log_format, LogFormat::Json);
+        assert!(notices.is_empty());
+        let (s, _) = Settings::load_from_env(
+            None,
+            env(&[
+                ("HAMI_LOG_FORMAT", "json"),
+                ("HAMI_SERVER__LOGFORMAT", "text"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.server.log_format, LogFormat::Text);
+    }
+}
