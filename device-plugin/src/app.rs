@@ -29,6 +29,7 @@ use crate::service::{
     AllocateHandler, NoPendingPod, PendingPodDevices, SharedState, spawn_health_updates_all,
 };
 use crate::settings::{PluginSettings, SettingsError};
+use crate::topology;
 use hami_ops::Readiness;
 
 /// Why the binary stops with an error.
@@ -80,6 +81,18 @@ pub enum AppError {
     /// `install-hook` failed.
     #[error(transparent)]
     InstallHook(#[from] crate::install_hook::InstallHookError),
+    /// `ENABLE_TOPOLOGY_SCORE=true` but the links between GPUs cannot be read.
+    #[error(
+        "{}=true: cannot read how the GPUs are linked: {source}",
+        topology::ENV_ENABLE_TOPOLOGY_SCORE
+    )]
+    TopologyLinks {
+        /// What the GPU source said.
+        source: InventoryError,
+    },
+    /// `ENABLE_TOPOLOGY_SCORE=true` but the links do not cover the advertised GPUs.
+    #[error("{env}=true: {0}", env = topology::ENV_ENABLE_TOPOLOGY_SCORE)]
+    Topology(#[from] topology::TopologyError),
 }
 
 impl AppError {
@@ -107,6 +120,29 @@ pub fn load_settings(source: &SourceArgs) -> Result<PluginSettings, SettingsErro
     )?;
     settings.numa_topology |= source.numa_topology;
     Ok(settings)
+}
+
+/// `hami.io/node-nvidia-score` for the advertised GPUs when `--enable-topology-score`
+/// (`ENABLE_TOPOLOGY_SCORE=true`), from the GPU source's links; `None` when off. A pair HAMi
+/// would call asymmetric (scored 0) is logged as a warning.
+pub fn node_score(
+    source: &SourceArgs,
+    inventory: &dyn GpuInventory,
+    table: &DeviceTable,
+) -> Result<Option<String>, AppError> {
+    if !source.topology_score {
+        return Ok(None);
+    }
+    let links = inventory
+        .gpu_links()
+        .map_err(|source| AppError::TopologyLinks { source })?;
+    let uuids: Vec<&str> = table.gpus().iter().map(|g| g.uuid.as_str()).collect();
+    let scores = topology::gpu_scores(&uuids, &links)?;
+    for (a, b) in &scores.asymmetric {
+        // HAMi also raises a node Warning Event `AsymmetricGPUP2PLink` (hourly).
+        tracing::warn!(gpu = %a, peer = %b, reason = "AsymmetricGPUP2PLink", "the two GPUs report different P2P links to each other; the pair is scored 0 (possible NVLink hardware or driver issue)");
+    }
+    Ok(Some(scores.annotation()))
 }
 
 /// The inventory backend: the file when given, else NVML.
@@ -163,6 +199,9 @@ pub struct InventoryReport {
     pub node_annotation_key: String,
     /// The node annotation value, exactly as it would be patched.
     pub node_annotation: String,
+    /// `hami.io/node-nvidia-score`, exactly as it would be patched (`--enable-topology-score`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_score_annotation: Option<String>,
 }
 
 /// One advertised resource in the report.
@@ -205,6 +244,7 @@ pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError
         .map(|r| r.table.clone())
         .unwrap_or_else(|| DeviceTable::shares(Vec::new(), settings.split_count, false));
     let annotation = node_register::register_annotation(&registered, settings.scaling());
+    let node_score_annotation = node_score(source, inventory.as_ref(), &registered)?;
     let resources = advertised
         .resources
         .iter()
@@ -226,6 +266,7 @@ pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError
         resources,
         node_annotation_key: ANNOTATION_NODE_NVIDIA_REGISTER.to_owned(),
         node_annotation: annotation,
+        node_score_annotation,
     })
 }
 
@@ -277,6 +318,12 @@ pub fn render_report(report: &InventoryReport) -> String {
         "{}: {}\n",
         report.node_annotation_key, report.node_annotation
     ));
+    if let Some(score) = &report.node_score_annotation {
+        out.push_str(&format!(
+            "{}: {score}\n",
+            topology::ANNOTATION_NODE_NVIDIA_SCORE
+        ));
+    }
     out
 }
 
@@ -508,6 +555,18 @@ pub async fn run_with_options(
             tracing::info!(backend = inventory.backend(), resource = %resource.resource_name, gpu = %gpu.uuid, index = gpu.index, name = %gpu.name, memory_mib = gpu.memory_mib, "GPU advertised");
         }
     }
+    // Over the GPUs of the register annotation (HAMi: `GetDevicesUUIDList` of the same list).
+    let scored = advertised
+        .resource(&settings.resource_name)
+        .map(|r| r.table.clone())
+        .unwrap_or_else(|| DeviceTable::shares(Vec::new(), settings.split_count, false));
+    let score = match node_score(&args.source, inventory.as_ref(), &scored) {
+        Ok(score) => score,
+        Err(error) => {
+            stop_ops(stopping).await;
+            return Err(error);
+        }
+    };
     let client = match client {
         _ if args.skip_node_register => None,
         Some(client) => Some(client),
@@ -609,6 +668,7 @@ pub async fn run_with_options(
             interval,
             retry,
             scaling: settings.scaling(),
+            score,
         };
         let table = registered.unwrap_or(unregistered);
         let metrics = Arc::clone(&metrics);
@@ -814,6 +874,17 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         collect_grace_s = collect.grace.as_secs_f64(),
         "allocation settings"
     );
+    // Once at start, what every HAMi-core allocation needs: the host's /tmp/vgpulock (0777, as
+    // HAMi makes it) and a hook folder with HAMi-core and a preload list it can honour.
+    let lock = std::path::Path::new(hami_shared::names::VGPU_LOCK_PATH);
+    if let Err(error) = executor::ensure_lock_dir(lock) {
+        tracing::error!(%error, "HAMi-core's lock folder is not usable; every allocation will fail until it is");
+    }
+    if let Err(error) =
+        crate::allocation::hook::HookFolder::read(&settings.vgpu_dir()).check_ready()
+    {
+        tracing::error!(%error, hook = %settings.vgpu_dir().display(), "the hook folder cannot serve HAMi-core containers; their allocations fail until it can (it is read again on every Allocate)");
+    }
     let collector = collector::Collector::new(
         client.clone(),
         ctx.node_name.clone(),

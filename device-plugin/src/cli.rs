@@ -224,7 +224,8 @@ pub struct SourceArgs {
     /// This node's name (downward API `spec.nodeName`).
     #[arg(long = "node-name", env = "HAMI_NODE_NAME")]
     pub node_name: Option<String>,
-    /// Attach each GPU's NUMA node to the kubelet devices (for the topology manager).
+    /// Attach each GPU's NUMA node to the kubelet devices (for the topology manager), whatever
+    /// the device config's `enableNumaTopology` and the node's `enablenumatopology` say.
     #[arg(long = "enable-numa-topology", env = "HAMI_ENABLE_NUMA_TOPOLOGY")]
     pub numa_topology: bool,
     /// Static MIG (HAMi's MIG_STRATEGY): `none` (MIG ignored: every GPU split into shares),
@@ -239,6 +240,20 @@ pub struct SourceArgs {
         value_name = "STRATEGY"
     )]
     pub mig_strategy: crate::mig::MigStrategy,
+    /// Publish `hami.io/node-nvidia-score` (GPU-pair NVLink/PCIe scores for HAMi's
+    /// topology-aware scheduler policy): `true` or `false`, HAMi's variable and spelling (HAMi's
+    /// chart sets `true` when `scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy` is
+    /// `topology-aware`). The flag alone means `true`.
+    #[arg(
+        long = "enable-topology-score",
+        env = crate::topology::ENV_ENABLE_TOPOLOGY_SCORE,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value = "false",
+        default_missing_value = "true",
+        value_parser = parse_topology_score,
+    )]
+    pub topology_score: bool,
 }
 
 /// An empty value (a variable set to "") is the default, as urfave/cli reads HAMi's variables.
@@ -247,6 +262,19 @@ fn parse_mig_strategy(value: &str) -> Result<crate::mig::MigStrategy, String> {
         return Ok(crate::mig::MigStrategy::default());
     }
     value.parse()
+}
+
+/// `ENABLE_TOPOLOGY_SCORE`: HAMi compares with `"true"` (anything else is off); here anything but
+/// `true` and `false` is refused, so that `TRUE` or `1` does not silently mean off.
+fn parse_topology_score(value: &str) -> Result<bool, String> {
+    match value {
+        "true" => Ok(true),
+        "false" | "" => Ok(false),
+        other => Err(format!(
+            "{}={other:?} is not one of: true, false",
+            crate::topology::ENV_ENABLE_TOPOLOGY_SCORE
+        )),
+    }
 }
 
 /// `run` flags.
@@ -399,6 +427,28 @@ mod tests {
             old.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
         })
         .unwrap()
+    }
+
+    #[test]
+    fn topology_score_reads_hamis_spelling_only() {
+        let run = |args: &[&str]| {
+            let parsed = parse(args, &[]);
+            let Command::Run(args) = parsed.cli.command else {
+                panic!("not run")
+            };
+            args.source.topology_score
+        };
+        assert!(!run(&["p", "run"]));
+        assert!(run(&["p", "run", "--enable-topology-score"]));
+        assert!(run(&["p", "run", "--enable-topology-score=true"]));
+        assert!(!run(&["p", "run", "--enable-topology-score=false"]));
+        let err = Cli::parse_with_env(["p", "run", "--enable-topology-score=TRUE"], |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(r#"ENABLE_TOPOLOGY_SCORE="TRUE" is not one of: true, false"#),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::health::HealthCheckPolicy;
 pub use crate::health::HealthEvent;
+use crate::topology::{GpuLinks, MAX_NVLINKS, PcieLink, PeerLink};
 
 /// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
 pub const ENV_INVENTORY: &str = "HAMI_INVENTORY";
@@ -102,6 +103,12 @@ pub enum InventoryError {
         /// What is wrong and what would be accepted.
         message: String,
     },
+    /// The backend cannot tell how GPUs are linked (`ENABLE_TOPOLOGY_SCORE`).
+    #[error("the {backend} GPU source cannot describe the links between GPUs")]
+    NoTopology {
+        /// The backend.
+        backend: &'static str,
+    },
 }
 
 /// A source of GPUs and of their health changes.
@@ -121,6 +128,15 @@ pub trait GpuInventory: Send + Sync + std::fmt::Debug {
         policy: &HealthCheckPolicy,
         events: mpsc::UnboundedSender<HealthEvent>,
     ) -> Result<(), InventoryError>;
+
+    /// How every GPU is linked to the others (PCIe path, NVLinks), for
+    /// `hami.io/node-nvidia-score` ([`crate::topology`]). Read once, at start, only when
+    /// `ENABLE_TOPOLOGY_SCORE` is true.
+    fn gpu_links(&self) -> Result<Vec<GpuLinks>, InventoryError> {
+        Err(InventoryError::NoTopology {
+            backend: self.backend(),
+        })
+    }
 }
 
 /// One entry of an inventory file. Keys are camelCase; unknown keys are refused (a typo must not
@@ -142,6 +158,20 @@ struct FileGpu {
     healthy: bool,
     #[serde(default)]
     mig_devices: Vec<FileMigDevice>,
+    #[serde(default)]
+    links: Vec<FileLink>,
+}
+
+/// One entry of a GPU's optional `links` in an inventory file: what this GPU's NVML would report
+/// about another GPU.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileLink {
+    peer: String,
+    #[serde(default)]
+    pcie: Option<PcieLink>,
+    #[serde(default)]
+    nvlinks: u32,
 }
 
 /// One entry of a GPU's `migDevices`.
@@ -227,7 +257,15 @@ const MAX_UUID_LEN: usize = 58;
 ///     profile: 1g.18gb
 ///     memoryMib: 16384
 ///     healthy: true     # optional, editable like the GPU's
+///   links:              # optional (ENABLE_TOPOLOGY_SCORE); what this GPU's NVML reports
+///     - peer: GPU-11111111-0000-0000-0000-000000000000   # another GPU of the file
+///       pcie: singleSwitch  # optional: crossCpu | sameCpu | hostBridge | multiSwitch |
+///                           #   singleSwitch | sameBoard (NVML's common-ancestor level)
+///       nvlinks: 4          # optional, 0..=18 active NVLinks to it (default 0)
 /// ```
+///
+/// Links are one-way, as NVML reports them; list each pair on both GPUs (a pair whose two sides
+/// disagree on the number of link kinds scores 0, as in HAMi).
 #[derive(Debug, Clone)]
 pub struct FileInventory {
     path: PathBuf,
@@ -348,6 +386,66 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
     Ok(gpus)
 }
 
+/// The `links` of an inventory file's GPUs (every GPU listed, those without `links` with none).
+/// A peer must be another GPU of the file, named once per GPU; `nvlinks` is at most 18.
+pub fn parse_links(path: &Path, text: &str) -> Result<Vec<GpuLinks>, InventoryError> {
+    // The GPUs themselves are checked as `discover` checks them.
+    parse_inventory(path, text)?;
+    let entries: Vec<FileGpu> =
+        serde_yaml_ng::from_str(text).map_err(|e| InventoryError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    let uuids: Vec<String> = entries.iter().map(|e| e.uuid.clone()).collect();
+    let mut out = Vec::with_capacity(entries.len());
+    for (position, entry) in entries.into_iter().enumerate() {
+        let invalid = |message: String| InventoryError::Invalid {
+            path: path.to_path_buf(),
+            position,
+            uuid: entry.uuid.clone(),
+            message,
+        };
+        let mut links: Vec<PeerLink> = Vec::with_capacity(entry.links.len());
+        for link in &entry.links {
+            if link.peer == entry.uuid {
+                return Err(invalid(format!(
+                    "links: peer {:?} is the GPU itself: name another GPU of the file",
+                    link.peer
+                )));
+            }
+            if !uuids.contains(&link.peer) {
+                return Err(invalid(format!(
+                    "links: peer {:?} is not a GPU of the file (known: {})",
+                    link.peer,
+                    uuids.join(", ")
+                )));
+            }
+            if links.iter().any(|l| l.peer == link.peer) {
+                return Err(invalid(format!(
+                    "links: peer {:?} appears twice",
+                    link.peer
+                )));
+            }
+            if link.nvlinks > MAX_NVLINKS {
+                return Err(invalid(format!(
+                    "links: peer {:?}: nvlinks {} is not in 0..={MAX_NVLINKS}",
+                    link.peer, link.nvlinks
+                )));
+            }
+            links.push(PeerLink {
+                peer: link.peer.clone(),
+                pcie: link.pcie,
+                nvlinks: link.nvlinks,
+            });
+        }
+        out.push(GpuLinks {
+            uuid: entry.uuid,
+            links,
+        });
+    }
+    Ok(out)
+}
+
 fn read_inventory(path: &Path) -> Result<Vec<Gpu>, InventoryError> {
     let text = std::fs::read_to_string(path).map_err(|source| InventoryError::Read {
         path: path.to_path_buf(),
@@ -363,6 +461,14 @@ impl GpuInventory for FileInventory {
 
     fn discover(&self) -> Result<Vec<Gpu>, InventoryError> {
         read_inventory(&self.path)
+    }
+
+    fn gpu_links(&self) -> Result<Vec<GpuLinks>, InventoryError> {
+        let text = std::fs::read_to_string(&self.path).map_err(|source| InventoryError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
+        parse_links(&self.path, &text)
     }
 
     fn watch_health(
@@ -556,6 +662,59 @@ mod tests {
             let message = err.to_string();
             assert!(message.starts_with("inventory file i.yaml:"), "{message}");
             assert!(message.contains(needle), "{text}: {message}");
+        }
+    }
+
+    #[test]
+    fn links_are_read_and_checked() {
+        let text = "
+- uuid: GPU-a
+  name: x
+  memoryMib: 1
+  links:
+    - {peer: GPU-b, pcie: singleSwitch, nvlinks: 4}
+- uuid: GPU-b
+  name: x
+  memoryMib: 1
+  links:
+    - {peer: GPU-a, pcie: singleSwitch, nvlinks: 4}
+- {uuid: GPU-c, name: x, memoryMib: 1}
+";
+        let links = parse_links(Path::new("i.yaml"), text).unwrap();
+        assert_eq!(links.len(), 3);
+        assert_eq!(
+            links[0].links,
+            [PeerLink {
+                peer: "GPU-b".into(),
+                pcie: Some(PcieLink::SingleSwitch),
+                nvlinks: 4
+            }]
+        );
+        assert!(links[2].links.is_empty());
+        // `discover` ignores the links.
+        assert_eq!(parse_inventory(Path::new("i.yaml"), text).unwrap().len(), 3);
+
+        let base = "- {uuid: GPU-a, name: x, memoryMib: 1, links: [LINK]}\n- {uuid: GPU-b, name: x, memoryMib: 1}\n";
+        for (link, needle) in [
+            ("{peer: GPU-a}", "peer \"GPU-a\" is the GPU itself"),
+            (
+                "{peer: GPU-z}",
+                "peer \"GPU-z\" is not a GPU of the file (known: GPU-a, GPU-b)",
+            ),
+            ("{peer: GPU-b}, {peer: GPU-b}", "appears twice"),
+            ("{peer: GPU-b, nvlinks: 19}", "nvlinks 19 is not in 0..=18"),
+            (
+                "{peer: GPU-b, pcie: pcie4}",
+                "unknown variant `pcie4`, expected one of",
+            ),
+            ("{peer: GPU-b, nvlink: 2}", "unknown field `nvlink`"),
+        ] {
+            let text = base.replace("LINK", link);
+            let err = parse_links(Path::new("i.yaml"), &text)
+                .unwrap_err()
+                .to_string();
+            assert!(err.starts_with("inventory file i.yaml:"), "{err}");
+            assert!(err.contains(needle), "{link}: {err}");
         }
     }
 

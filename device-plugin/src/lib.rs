@@ -13,7 +13,8 @@
 //! - [`metrics`]: Prometheus metrics (served with `/healthz` and `/readyz` by `hami_ops`);
 //! - [`allocation`]: `Allocate` for HAMi-core (pod locator, device codec, plan, limits file,
 //!   collector of dead pods' files, the `plan` dry run);
-//! - [`install_hook`]: `install-hook`, HAMi-core and the preload library into the hook path.
+//! - [`install_hook`]: `install-hook`, HAMi-core and the preload library into the hook path;
+//! - [`topology`]: `hami.io/node-nvidia-score`, the GPU-pair scores of `ENABLE_TOPOLOGY_SCORE`.
 
 pub mod allocation;
 pub mod api;
@@ -30,3 +31,4 @@ pub mod nvml;
 pub mod plugin;
 pub mod service;
 pub mod settings;
+pub mod topology;

@@ -125,24 +125,46 @@ pub struct NodeRegisterConfig {
     pub retry: Duration,
     /// Scaling applied to the annotation.
     pub scaling: Scaling,
+    /// `hami.io/node-nvidia-score`, published with the register annotation when set
+    /// (`ENABLE_TOPOLOGY_SCORE`; computed once at start: links do not change while running).
+    pub score: Option<String>,
 }
 
-/// Makes the node carry `desired`; returns whether a patch was sent.
+/// Makes the node carry `desired` as `hami.io/node-nvidia-register`; returns whether a patch was
+/// sent.
 pub async fn ensure_annotation(
     nodes: &Api<Node>,
     node_name: &str,
     desired: &str,
 ) -> Result<bool, kube::Error> {
+    ensure_annotations(
+        nodes,
+        node_name,
+        &[(ANNOTATION_NODE_NVIDIA_REGISTER, desired)],
+    )
+    .await
+}
+
+/// Makes the node carry every `(key, value)` of `desired`; one merge patch of those that differ
+/// (HAMi patches the register and score annotations together); returns whether one was sent.
+pub async fn ensure_annotations(
+    nodes: &Api<Node>,
+    node_name: &str,
+    desired: &[(&str, &str)],
+) -> Result<bool, kube::Error> {
     let node = nodes.get(node_name).await?;
-    let current = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ANNOTATION_NODE_NVIDIA_REGISTER));
-    if current.map(String::as_str) == Some(desired) {
+    let current = node.metadata.annotations.as_ref();
+    let changed: serde_json::Map<String, serde_json::Value> = desired
+        .iter()
+        .filter(|(key, value)| {
+            current.and_then(|a| a.get(*key)).map(String::as_str) != Some(*value)
+        })
+        .map(|(key, value)| ((*key).to_owned(), serde_json::Value::from(*value)))
+        .collect();
+    if changed.is_empty() {
         return Ok(false);
     }
-    let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION_NODE_NVIDIA_REGISTER: desired } } });
+    let patch = serde_json::json!({ "metadata": { "annotations": changed } });
     nodes
         .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;
@@ -173,7 +195,14 @@ pub async fn run_node_register_observed(
     tokio::pin!(shutdown);
     loop {
         let desired = register_annotation(&table.borrow_and_update(), config.scaling);
-        let wait = match ensure_annotation(&nodes, &config.node_name, &desired).await {
+        let mut annotations = vec![(ANNOTATION_NODE_NVIDIA_REGISTER, desired.as_str())];
+        if let Some(score) = &config.score {
+            annotations.push((
+                crate::topology::ANNOTATION_NODE_NVIDIA_SCORE,
+                score.as_str(),
+            ));
+        }
+        let wait = match ensure_annotations(&nodes, &config.node_name, &annotations).await {
             Ok(patched) => {
                 metrics.observe_node_patch(Ok(patched));
                 if patched {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::TopologyLevel;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, EventSet, Nvml};
@@ -15,6 +16,7 @@ use crate::health::{
 };
 use crate::inventory::{Gpu, GpuInventory, HealthEvent, InventoryError, MigDevice};
 use crate::mig::{self, MigProfile, SliceShape};
+use crate::topology::{GpuLinks, MAX_NVLINKS, PcieLink, PeerLink};
 
 /// GPUs from NVML.
 #[derive(Clone)]
@@ -196,6 +198,10 @@ impl GpuInventory for NvmlInventory {
         Ok(gpus)
     }
 
+    fn gpu_links(&self) -> Result<Vec<GpuLinks>, InventoryError> {
+        nvml_links(&self.nvml)
+    }
+
     fn watch_health(
         &self,
         gpus: &[Gpu],
@@ -314,9 +320,201 @@ impl XidEventSource for NvmlEvents<'_> {
     }
 }
 
+/// PCI vendor id of NVIDIA (the low 16 bits of NVML's `pciDeviceId`).
+const PCI_VENDOR_NVIDIA: u32 = 0x10de;
+
+/// HAMi's `PciInfo.BusID()` (`links.go`): lower case, the 8-digit domain's leading `0000`
+/// dropped, so that NVML's own and its remote PCI infos compare equal.
+fn bus_id(raw: &str) -> String {
+    let id = raw.to_ascii_lowercase();
+    if id == "0000" {
+        return id;
+    }
+    id.strip_prefix("0000")
+        .map_or_else(|| id.clone(), str::to_owned)
+}
+
+/// HAMi's `GetP2PLink`: NVML's common-ancestor level as a PCIe link.
+fn pcie_link(level: TopologyLevel) -> PcieLink {
+    match level {
+        TopologyLevel::Internal => PcieLink::SameBoard,
+        TopologyLevel::Single => PcieLink::SingleSwitch,
+        TopologyLevel::Multiple => PcieLink::MultiSwitch,
+        TopologyLevel::HostBridge => PcieLink::HostBridge,
+        TopologyLevel::Node => PcieLink::SameCpu,
+        TopologyLevel::System => PcieLink::CrossCpu,
+    }
+}
+
+/// One GPU's active NVLinks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct NvLinks {
+    /// The bus id of the device at the far end of each active link (HAMi's
+    /// `getAllNvLinkRemotePciInfo`).
+    remote: Vec<String>,
+    /// Active links whose far end is an NVSwitch (HAMi's `countNvSwitchLinks`).
+    to_switch: u32,
+}
+
+/// HAMi's `GetNVLink` from `a` to the GPU `b` (bus id `b_bus`): the direct links to `b` when
+/// there are 1..=18; else, when both reach NVSwitches, the smaller of their switch-link counts;
+/// else none.
+fn nvlinks_between(a: &NvLinks, b_bus: &str, b: &NvLinks) -> u32 {
+    let direct = u32::try_from(a.remote.iter().filter(|r| *r == b_bus).count()).unwrap_or(u32::MAX);
+    if (1..=MAX_NVLINKS).contains(&direct) {
+        return direct;
+    }
+    if a.remote.is_empty() {
+        return 0;
+    }
+    if a.to_switch > 0 && b.to_switch > 0 {
+        return a.to_switch.min(b.to_switch);
+    }
+    0
+}
+
+/// Errors HAMi skips a link on (`ERROR_NOT_SUPPORTED`, `ERROR_INVALID_ARGUMENT`).
+fn skipped(e: &NvmlError) -> bool {
+    matches!(e, NvmlError::NotSupported | NvmlError::InvalidArg)
+}
+
+/// The active NVLinks of GPU `index`. A far end that is no GPU of `gpu_buses` and an NVIDIA PCI
+/// device is an NVSwitch: nvml-wrapper 0.13's `remote_device_type` returns `Unknown` whatever
+/// NVML says (it reads a copy of its output), so HAMi's `nvmlDeviceGetNvLinkRemoteDeviceType`
+/// test is made from the remote PCI info instead.
+fn nvlinks_of(
+    device: &nvml_wrapper::Device<'_>,
+    index: u32,
+    gpu_buses: &[String],
+) -> Result<NvLinks, InventoryError> {
+    let mut out = NvLinks::default();
+    for link in 0..MAX_NVLINKS {
+        let wrapper = device.link_wrapper_for(link);
+        match wrapper.is_active() {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) if skipped(&e) => continue,
+            Err(e) => return Err(nvml_err("nvmlDeviceGetNvLinkState", index)(e)),
+        }
+        let remote = match wrapper.remote_pci_info() {
+            Ok(pci) => pci,
+            Err(e) if skipped(&e) => continue,
+            Err(e) => return Err(nvml_err("nvmlDeviceGetNvLinkRemotePciInfo_v2", index)(e)),
+        };
+        let remote_bus = bus_id(&remote.bus_id);
+        if !gpu_buses.contains(&remote_bus) && remote.pci_device_id & 0xffff == PCI_VENDOR_NVIDIA {
+            out.to_switch += 1;
+        }
+        out.remote.push(remote_bus);
+    }
+    Ok(out)
+}
+
+/// Every GPU's links to the others, as HAMi v2.10 `pkg/device/nvidia/links.go`
+/// (`deviceListBuilder.build`) reads them from NVML: per ordered pair the PCIe common ancestor
+/// and the NVLink count. Any failing NVML call fails the whole list, as in HAMi.
+fn nvml_links(nvml: &Nvml) -> Result<Vec<GpuLinks>, InventoryError> {
+    let count = nvml
+        .device_count()
+        .map_err(|e| InventoryError::NvmlUnavailable(e.to_string()))?;
+    let mut uuids = Vec::new();
+    let mut buses = Vec::new();
+    for index in 0..count {
+        let device = nvml
+            .device_by_index(index)
+            .map_err(nvml_err("nvmlDeviceGetHandleByIndex", index))?;
+        uuids.push(
+            device
+                .uuid()
+                .map_err(nvml_err("nvmlDeviceGetUUID", index))?,
+        );
+        let pci = device
+            .pci_info()
+            .map_err(nvml_err("nvmlDeviceGetPciInfo", index))?;
+        buses.push(bus_id(&pci.bus_id));
+    }
+    let mut nvlinks = Vec::new();
+    for index in 0..count {
+        let device = nvml
+            .device_by_index(index)
+            .map_err(nvml_err("nvmlDeviceGetHandleByIndex", index))?;
+        nvlinks.push(nvlinks_of(&device, index, &buses)?);
+    }
+    let mut out = Vec::new();
+    for (i, uuid) in (0..count).zip(&uuids) {
+        let mut links = Vec::new();
+        for (j, peer) in (0..count).zip(&uuids) {
+            if i == j {
+                continue;
+            }
+            let a = nvml
+                .device_by_index(i)
+                .map_err(nvml_err("nvmlDeviceGetHandleByIndex", i))?;
+            let b = nvml
+                .device_by_index(j)
+                .map_err(nvml_err("nvmlDeviceGetHandleByIndex", j))?;
+            let level = a
+                .topology_common_ancestor(b)
+                .map_err(nvml_err("nvmlDeviceGetTopologyCommonAncestor", i))?;
+            let (ai, bj) = (i as usize, j as usize);
+            links.push(PeerLink {
+                peer: peer.clone(),
+                pcie: Some(pcie_link(level)),
+                nvlinks: nvlinks_between(&nvlinks[ai], &buses[bj], &nvlinks[bj]),
+            });
+        }
+        out.push(GpuLinks {
+            uuid: uuid.clone(),
+            links,
+        });
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bus_ids_compare_as_hamis() {
+        assert_eq!(bus_id("00000000:3B:00.0"), "0000:3b:00.0");
+        // Exactly HAMi's `TrimPrefix`: a 4-digit domain loses it (both sides alike).
+        assert_eq!(bus_id("0000:3b:00.0"), ":3b:00.0");
+        assert_eq!(bus_id("0000"), "0000");
+        assert_eq!(bus_id(""), "");
+    }
+
+    #[test]
+    fn nvlink_counts_as_hamis_get_nvlink() {
+        let v = |remote: &[&str], to_switch| NvLinks {
+            remote: remote.iter().map(|r| (*r).to_owned()).collect(),
+            to_switch,
+        };
+        // Direct links to the peer's bus id.
+        let a = v(&["b", "b", "c"], 0);
+        assert_eq!(nvlinks_between(&a, "b", &v(&["a", "a"], 0)), 2);
+        assert_eq!(nvlinks_between(&a, "d", &v(&["a"], 0)), 0);
+        // No active link: none, whatever the peer has.
+        assert_eq!(nvlinks_between(&v(&[], 0), "b", &v(&["s"; 18], 18)), 0);
+        // Both through NVSwitches: the smaller switch-link count.
+        let hgx = v(&["s1"; 18], 18);
+        assert_eq!(nvlinks_between(&hgx, "b", &v(&["s1"; 12], 12)), 12);
+        assert_eq!(nvlinks_between(&hgx, "b", &hgx), 18);
+        // Only one side on switches: none.
+        assert_eq!(nvlinks_between(&hgx, "b", &v(&["x"], 0)), 0);
+        // More direct links than HAMi counts: the switch rule decides.
+        assert_eq!(nvlinks_between(&v(&["b"; 19], 0), "b", &v(&[], 0)), 0);
+    }
+
+    #[test]
+    fn pcie_levels_as_hamis_get_p2p_link() {
+        assert_eq!(pcie_link(TopologyLevel::Internal), PcieLink::SameBoard);
+        assert_eq!(pcie_link(TopologyLevel::Single), PcieLink::SingleSwitch);
+        assert_eq!(pcie_link(TopologyLevel::Multiple), PcieLink::MultiSwitch);
+        assert_eq!(pcie_link(TopologyLevel::HostBridge), PcieLink::HostBridge);
+        assert_eq!(pcie_link(TopologyLevel::Node), PcieLink::SameCpu);
+        assert_eq!(pcie_link(TopologyLevel::System), PcieLink::CrossCpu);
+    }
 
     #[test]
     fn numa_node_of_a_missing_device_is_none() {

@@ -53,7 +53,9 @@ pub struct PluginSettings {
     /// `enablegetpreferredallocation` of the node's entry (default true: it is implemented):
     /// announce and answer `GetPreferredAllocation`.
     pub preferred_allocation: bool,
-    /// Attach NUMA topology to the kubelet devices (`--enable-numa-topology`).
+    /// Attach NUMA topology to the kubelet devices: the node entry's `enablenumatopology` over
+    /// the global `enableNumaTopology` (HAMi's precedence), default off; `--enable-numa-topology`
+    /// (`HAMI_ENABLE_NUMA_TOPOLOGY`) turns it on whatever the files say.
     pub numa_topology: bool,
     /// `operatingmode` of the node's entry (default `hami-core`); also the `mode` of the node
     /// annotation, as HAMi writes it.
@@ -110,7 +112,8 @@ impl PluginSettings {
             preferred_allocation: node
                 .and_then(|n| n.enable_get_preferred_allocation)
                 .unwrap_or(true),
-            numa_topology: false,
+            // HAMi v2.10 `server.go` `apiDevices`: `EnableNUMATopology != nil && *EnableNUMATopology`.
+            numa_topology: nvidia.enable_numa_topology.unwrap_or(false),
             operating_mode: node
                 .and_then(|n| n.operating_mode)
                 .unwrap_or(OperatingMode::HamiCore),
@@ -219,6 +222,31 @@ mod tests {
         let other = PluginSettings::load(Some(&global), Some(&nodes), Some("node-c")).unwrap();
         assert_eq!(other.split_count, 4);
         assert_eq!(other.filter, DeviceFilter::default());
+    }
+
+    #[test]
+    fn numa_topology_from_hamis_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let global = write(
+            dir.path(),
+            "device-config.yaml",
+            "nvidia:\n  enableNumaTopology: true\n",
+        );
+        let nodes = write(
+            dir.path(),
+            "config.json",
+            r#"{"nodeconfig":[{"name":"off","enablenumatopology":false},{"name":"on","enablenumatopology":true}]}"#,
+        );
+        let load = |g: Option<&Path>, n: &str| {
+            PluginSettings::load(g, Some(&nodes), Some(n))
+                .unwrap()
+                .numa_topology
+        };
+        assert!(load(Some(&global), "other"));
+        assert!(!load(Some(&global), "off"));
+        assert!(load(None, "on"));
+        assert!(!load(None, "other"));
+        assert!(!PluginSettings::default().numa_topology);
     }
 
     #[test]

@@ -465,6 +465,10 @@ pub struct NvidiaConfig {
     /// reports none (unified-memory parts such as the GB10), as HAMi's `getAPIDevices`
     /// (`plugin/register.go`) uses it; without it such a GPU is not advertised.
     pub pre_configured_device_memory: u64,
+    /// `enableNumaTopology`: attach each GPU's NUMA node to the kubelet devices; default unset
+    /// (off). HAMi v2.10 `NodeDefaultConfig.EnableNUMATopology` (`pkg/device/nvidia/device.go`);
+    /// a node entry's `enablenumatopology` overrides it.
+    pub enable_numa_topology: Option<bool>,
 }
 
 impl Default for NvidiaConfig {
@@ -489,6 +493,7 @@ impl Default for NvidiaConfig {
             runtime_class_name: String::new(),
             limit_delivery: None,
             pre_configured_device_memory: 0,
+            enable_numa_topology: None,
         }
     }
 }
@@ -559,6 +564,11 @@ impl NvidiaConfig {
         }
         if let Some(v) = node.pre_configured_device_memory {
             out.pre_configured_device_memory = v;
+        }
+        // HAMi's `readFromConfigFile` merges the entry with `mergo.WithOverride`: a set pointer,
+        // `false` included, replaces the global value.
+        if let Some(v) = node.enable_numa_topology {
+            out.enable_numa_topology = Some(v);
         }
         out
     }
@@ -710,6 +720,10 @@ pub struct NodeConfigEntry {
     /// `limitdelivery` (also accepted as `limitDelivery`): `file` | `env`.
     #[serde(rename = "limitdelivery", alias = "limitDelivery")]
     pub limit_delivery: Option<LimitDelivery>,
+    /// `enablenumatopology` (also accepted as `enableNumaTopology`): overrides the global
+    /// `enableNumaTopology`, `false` included.
+    #[serde(rename = "enablenumatopology", alias = "enableNumaTopology")]
+    pub enable_numa_topology: Option<bool>,
 }
 
 impl NodeConfigEntry {
@@ -728,7 +742,8 @@ impl NodeConfigEntry {
             mig_strategy,
             filter_devices,
             enable_get_preferred_allocation,
-            limit_delivery
+            limit_delivery,
+            enable_numa_topology
         );
     }
 
@@ -811,6 +826,59 @@ mod tests {
         assert_eq!(
             parse_key_path("nvidia.x"),
             vec![Seg::Key("nvidia".into()), Seg::Key("x".into())]
+        );
+    }
+
+    #[test]
+    fn numa_topology_node_entry_overrides_global_false_included() {
+        let global = DeviceConfig::load_from_env(
+            Some(FileText {
+                path: Path::new("device-config.yaml"),
+                text: "nvidia:\n  enableNumaTopology: true\n",
+            }),
+            std::iter::empty(),
+        )
+        .unwrap()
+        .nvidia;
+        assert_eq!(global.enable_numa_topology, Some(true));
+        let nodes = NodeConfigFile::parse(FileText {
+            path: Path::new("config.json"),
+            text: r#"{"nodeconfig":[{"name":"a","enablenumatopology":false},{"name":"b","enableNumaTopology":true},{"name":"c"}]}"#,
+        })
+        .unwrap();
+        let on = |n: &str| {
+            nodes
+                .for_node(n)
+                .map_or_else(|| global.clone(), |e| global.with_node(&e))
+                .enable_numa_topology
+        };
+        assert_eq!(on("a"), Some(false));
+        assert_eq!(on("b"), Some(true));
+        assert_eq!(on("c"), Some(true));
+        assert_eq!(NvidiaConfig::default().enable_numa_topology, None);
+        // An environment variable reaches the camelCase key; a non-boolean names the key.
+        let env = DeviceConfig::load_from_env(
+            None,
+            [(
+                "HAMI_NVIDIA__ENABLE_NUMA_TOPOLOGY".to_owned(),
+                "maybe".to_owned(),
+            )],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            env.contains("HAMI_NVIDIA__ENABLE_NUMA_TOPOLOGY") && env.contains("enableNumaTopology"),
+            "{env}"
+        );
+        let bad = NodeConfigFile::parse(FileText {
+            path: Path::new("config.json"),
+            text: r#"{"nodeconfig":[{"name":"a","enablenumatopology":"sometimes"}]}"#,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.contains("config.json") && bad.contains("enablenumatopology"),
+            "{bad}"
         );
     }
 

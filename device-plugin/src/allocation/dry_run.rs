@@ -210,20 +210,27 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
     if settings.device_list.needs_node_devices() {
         settings.node_devices = node_devices(args, &settings)?;
     }
-    let version = env!("CARGO_PKG_VERSION");
-    let versioned = settings.libvgpu_host_path(version, true);
-    let libvgpu = settings.libvgpu_host_path(version, versioned.is_file());
+    // HAMi-core as `Allocate` finds it (ours `libvgpu.so`, else HAMi's `libvgpu.so.<version>`).
+    let hook = crate::allocation::hook::HookFolder::read(&settings.vgpu_dir());
     // As `Allocate` answers on this machine now: the host's optional device nodes and license.
     let host = probe_host(&settings.license_path());
     let vgpu_dir = settings.vgpu_dir();
-    let containers: Vec<AllocationPlan> = plan_pod(&pod, &settings, &libvgpu)?
+    let containers: Vec<AllocationPlan> = plan_pod(&pod, &settings, &hook.libvgpu_host())?
         .into_iter()
         .map(|p| p.with_host(&host, &vgpu_dir))
         .collect();
     let notes = if containers.is_empty() {
         why_nothing_is_planned(&pod, &node)
     } else {
-        Vec::new()
+        // What `Allocate` would refuse on this machine's hook folder.
+        containers
+            .iter()
+            .filter_map(|p| {
+                hook.check_plan(p)
+                    .err()
+                    .map(|e| format!("Allocate would refuse container {}: {e}", p.container))
+            })
+            .collect()
     };
     let mut written = Vec::new();
     let mut removed_temporaries = 0;

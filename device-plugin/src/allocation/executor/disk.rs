@@ -6,6 +6,7 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use hami_shared::names::VGPU_LOCK_PATH;
 use hami_shared::publish::{PublishError, publish_atomic, sweep_temp_files};
 
 use crate::allocation::device_list::CONTROL_DEVICE_NODES;
@@ -14,6 +15,28 @@ use crate::allocation::plan::{AllocationPlan, AllocationSettings, HostProbe};
 /// Mode of the per-container directory: HAMi-core's shared region (`usage.cache`) and lock files
 /// are created there by whatever UID the container's processes run as (HAMi uses 0777 too).
 pub const CONTAINER_DIR_MODE: u32 = 0o777;
+
+/// Mode of HAMi-core's lock folder `/tmp/vgpulock` on the host: every container's processes, of
+/// any UID, create their lock files there. HAMi v2.10 `plugin/server.go` `Allocate` makes it
+/// 0777 on every call (`os.MkdirAll` + `os.Chmod`); a folder containerd creates for the bind
+/// mount is root's 0755, where a non-root container cannot lock.
+pub const LOCK_DIR_MODE: u32 = 0o777;
+
+/// Creates `dir` (HAMi-core's `/tmp/vgpulock`, the host's: the chart mounts it into the plugin)
+/// when missing and makes it mode 0777, as HAMi does.
+pub fn ensure_lock_dir(dir: &Path) -> Result<(), DiskError> {
+    fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+    let mode = fs::metadata(dir)
+        .map_err(io_err("stat", dir))?
+        .permissions()
+        .mode();
+    // Explicit chmod (the umask filters mkdir's mode); skipped when already right.
+    if mode & 0o7777 != LOCK_DIR_MODE {
+        fs::set_permissions(dir, fs::Permissions::from_mode(LOCK_DIR_MODE))
+            .map_err(io_err("chmod 0777", dir))?;
+    }
+    Ok(())
+}
 
 /// What failed on disk; names the path.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +110,13 @@ pub fn execute_plan(plan: &AllocationPlan) -> Result<Written, DiskError> {
         let Some(dir) = &plan.container_dir else {
             return Ok(());
         };
+        for lock in plan
+            .mounts
+            .iter()
+            .filter(|m| m.container_path == VGPU_LOCK_PATH)
+        {
+            ensure_lock_dir(Path::new(&lock.host_path))?;
+        }
         let containers = dir.parent().unwrap_or(dir);
         fs::create_dir_all(containers).map_err(io_err("create directory", containers))?;
         match fs::remove_dir_all(dir) {
@@ -136,5 +166,32 @@ pub fn probe_host(license: &Path) -> HostProbe {
             .filter(|p| fs::metadata(p).is_ok())
             .map(|p| (*p).to_owned())
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_dir_is_created_and_made_0777_as_hami_does() {
+        let tmp = tempfile::tempdir().unwrap();
+        let lock = tmp.path().join("vgpulock");
+        ensure_lock_dir(&lock).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&lock), 0o777);
+        // One containerd made for a bind mount (root's 0755) is opened up.
+        fs::set_permissions(&lock, fs::Permissions::from_mode(0o755)).unwrap();
+        ensure_lock_dir(&lock).unwrap();
+        assert_eq!(mode(&lock), 0o777);
+        // A file in the way is an error naming the path.
+        let file = tmp.path().join("file");
+        fs::write(&file, "").unwrap();
+        let err = ensure_lock_dir(&file).unwrap_err();
+        assert_eq!(err.path(), file);
+        assert!(
+            err.to_string().starts_with("cannot create directory"),
+            "{err}"
+        );
     }
 }

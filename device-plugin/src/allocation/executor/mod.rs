@@ -33,7 +33,10 @@ use std::sync::Arc;
 use tonic::Status;
 use tracing::instrument::WithSubscriber as _;
 
-pub use disk::{CONTAINER_DIR_MODE, DiskError, Written, execute_plan, sweep_containers_dir};
+pub use disk::{
+    CONTAINER_DIR_MODE, DiskError, LOCK_DIR_MODE, Written, ensure_lock_dir, execute_plan,
+    sweep_containers_dir,
+};
 pub use retry::MAX_SELECT_ATTEMPTS;
 pub use timing::{AllocateTiming, TimingLog};
 

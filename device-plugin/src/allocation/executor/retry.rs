@@ -4,7 +4,6 @@
 //! read was stale or the node lock names another pod (at most [`MAX_SELECT_ATTEMPTS`] times).
 //! Each call runs in an `allocate` span with one span per phase ([`super::timing`]).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use hami_shared::names::{
@@ -18,6 +17,7 @@ use super::claims::{Claim, Claims, Selection};
 use super::disk::{Written, execute_plan, probe_host};
 use super::pod_api::PodApi;
 use super::timing::ALLOCATE_SPAN;
+use crate::allocation::hook::{HookError, HookFolder};
 use crate::allocation::plan::{
     AllocationPlan, AllocationSettings, PlanError, plan_container, pod_key,
 };
@@ -79,6 +79,13 @@ impl Failure {
         Self::new(Status::internal, message)
     }
 
+    fn hook(pod: &str, container: &str, e: &HookError) -> Self {
+        let message = format!(
+            "allocation failed for pod {pod} container {container}: {e}; the container would start without HAMi-core or with a preload list naming missing files"
+        );
+        Self::new(Status::failed_precondition, message)
+    }
+
     fn api(what: &str, e: &kube::Error) -> Self {
         let message = format!("allocation failed: {what}: {e}");
         Self::new(Status::unavailable, message)
@@ -97,7 +104,6 @@ struct Counts {
 pub struct Core {
     pub(super) api: PodApi,
     pub(super) settings: AllocationSettings,
-    pub(super) version: String,
     /// Held while a call locates and claims its pod (in memory; no round trip under it).
     pub(super) serial: tokio::sync::Mutex<()>,
     /// Claims on pods whose selection patch is in flight, and the ones settled meanwhile.
@@ -121,7 +127,6 @@ impl Core {
         Self {
             api: PodApi::new(client, node_name),
             settings,
-            version: env!("CARGO_PKG_VERSION").to_owned(),
             serial: tokio::sync::Mutex::new(()),
             claims: Claims::default(),
             cache: None,
@@ -135,12 +140,6 @@ impl Core {
 
     fn node_name(&self) -> &str {
         self.api.node_name()
-    }
-
-    fn libvgpu_host(&self) -> PathBuf {
-        let versioned = self.settings.libvgpu_host_path(&self.version, true);
-        let exists = versioned.is_file();
-        self.settings.libvgpu_host_path(&self.version, exists)
     }
 
     /// The failure path: bind-phase failed, lock released, Event, error status.
@@ -198,7 +197,10 @@ impl Core {
             }
             Some(Ok(devices)) => devices.clone(),
         };
-        let libvgpu = self.libvgpu_host();
+        // The hook folder as it is now (a listing and ld.so.preload): which file is HAMi-core,
+        // and whether each container gets every file its preload list names.
+        let hook = HookFolder::read(&self.settings.vgpu_dir());
+        let libvgpu = hook.libvgpu_host();
         let mut plans = Vec::with_capacity(request.container_requests.len());
         for container in &request.container_requests {
             let Some((entry, wanted)) = devices.next_request() else {
@@ -216,6 +218,8 @@ impl Core {
                 &libvgpu,
             )
             .map_err(Failure::plan)?;
+            hook.check_plan(&plan)
+                .map_err(|e| Failure::hook(&plan.pod, &plan.container, &e))?;
             devices.erase_nvidia(entry);
             plans.push(plan);
         }
