@@ -600,3 +600,74 @@ async fn a_lock_naming_another_pod_is_left_alone() {
     );
     assert_eq!(h.node_lock().await.as_deref(), Some(ghost));
 }
+
+/// A hook folder filled by HAMi v2.10's `vgpu-init.sh` (chart `hamiCore.install=false` on a node
+/// that ran HAMi): HAMi-core is found under HAMi's name, but the container's preload pair needs
+/// `libhami_preload.so`, which HAMi does not install: the allocation fails, naming the path and
+/// what installs it, instead of starting a container whose `/etc/ld.so.preload` names a file it
+/// does not have. Our layout restored, the next pod is served, and the host's lock folder is 0777.
+#[tokio::test]
+async fn hamis_hook_layout_is_refused_loudly_and_ours_is_served() {
+    let h = Harness::start(|hook| AllocationSettings {
+        hook_path: hook.to_path_buf(),
+        ..AllocationSettings::default()
+    })
+    .await;
+    let vgpu = h.hook.join("vgpu");
+    for name in ["libvgpu.so", "libhami_preload.so"] {
+        std::fs::remove_file(vgpu.join(name)).unwrap();
+    }
+    std::fs::write(vgpu.join("libvgpu.so.v2.10.0"), b"\x7fELF HAMi-core").unwrap();
+    std::fs::write(
+        vgpu.join("ld.so.preload"),
+        format!("{}/libvgpu.so\n", vgpu.display()),
+    )
+    .unwrap();
+    let pod = h
+        .admit(gpu_pod("hamis", &[Ctr::gpu("main", 3000, 50)], json!({})))
+        .await;
+    h.schedule(&pod, &[vec![dev(GPU_A, 3000, 50)]], true).await;
+    let status = h.allocate(&[&format!("{GPU_A}-0")]).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    let missing = format!(
+        "{}/libhami_preload.so does not exist: hami-device-plugin install-hook",
+        vgpu.display()
+    );
+    assert!(status.message().contains(&missing), "{}", status.message());
+    assert_eq!(
+        annotation(&h.pod("hamis").await, "hami.io/bind-phase").unwrap(),
+        "failed"
+    );
+    let events = h.events("hamis").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.note.as_deref().is_some_and(|n| n.contains(&missing))),
+        "{events:?}"
+    );
+    assert!(
+        !h.containers_dir().join(format!("{}_main.limits", uid(&pod))).exists(),
+        "nothing published for a refused allocation"
+    );
+
+    // install-hook's layout beside HAMi's versioned file: `libvgpu.so` is mounted.
+    hami_tests::hook::install_stand_in(&vgpu).unwrap();
+    let pod = h
+        .admit(gpu_pod("ours", &[Ctr::gpu("main", 3000, 50)], json!({})))
+        .await;
+    h.schedule(&pod, &[vec![dev(GPU_A, 3000, 50)]], true).await;
+    let response = h.allocate(&[&format!("{GPU_A}-0")]).await.unwrap();
+    let lib = format!("{}/libvgpu.so", vgpu.display());
+    assert!(
+        response
+            .mounts
+            .iter()
+            .any(|m| m.container_path == lib && m.host_path == lib && m.read_only),
+        "{:?}",
+        response.mounts
+    );
+    // HAMi-core's lock folder, the host's /tmp/vgpulock, as HAMi leaves it.
+    let lock = std::fs::metadata("/tmp/vgpulock").unwrap();
+    assert!(lock.is_dir());
+    assert_eq!(lock.permissions().mode() & 0o7777, 0o777);
+}

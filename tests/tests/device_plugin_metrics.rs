@@ -174,7 +174,7 @@ fn run_args(hook: &Path, kubelet_dir: &Path, inventory: &Path) -> Command {
 async fn probes_and_counters_on_the_run_path() {
     let dir = tempfile::tempdir().unwrap();
     let hook = dir.path().join("hook");
-    std::fs::create_dir_all(hook.join("vgpu")).unwrap();
+    hami_tests::hook::install_stand_in(&hook.join("vgpu")).unwrap();
     let kubelet_dir = dir.path().join("kubelet");
     std::fs::create_dir_all(&kubelet_dir).unwrap();
     let inventory = dir.path().join("inventory.yaml");

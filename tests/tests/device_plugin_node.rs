@@ -112,6 +112,7 @@ fn config(interval_ms: u64) -> NodeRegisterConfig {
         interval: Duration::from_millis(interval_ms),
         retry: Duration::from_millis(20),
         scaling: scaling(),
+        score: None,
     }
 }
 
@@ -324,4 +325,151 @@ async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
         .unwrap()
         .unwrap();
     assert!(!dir.path().join("nvidia-gpu.sock").exists());
+}
+
+/// `ENABLE_TOPOLOGY_SCORE=true` (HAMi's variable, as HAMi's chart sets it for the
+/// topology-aware policy) on the run path: the inventory file's links become
+/// `hami.io/node-nvidia-score` beside the register annotation, in HAMi's JSON, over the
+/// advertised GPUs only (the filtered one is left out); `enableNumaTopology` in the device config
+/// attaches the NUMA node to the kubelet devices.
+#[tokio::test]
+async fn the_run_command_publishes_the_topology_score_and_numa() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ApiServer::start().await.unwrap();
+    server.seed(&node()).unwrap();
+    let kubelet = FakeKubelet::start(dir.path()).await.unwrap();
+    let inventory = dir.path().join("inventory.yaml");
+    std::fs::write(
+        &inventory,
+        "
+- uuid: GPU-aaaa
+  name: NVIDIA H200
+  memoryMib: 143771
+  numaNode: 1
+  links:
+    - {peer: GPU-bbbb, pcie: crossCpu, nvlinks: 18}
+    - {peer: GPU-cccc, pcie: crossCpu}
+- uuid: GPU-bbbb
+  name: NVIDIA H200
+  memoryMib: 143771
+  links:
+    - {peer: GPU-aaaa, pcie: crossCpu, nvlinks: 18}
+- {uuid: GPU-cccc, name: NVIDIA H200, memoryMib: 143771}
+",
+    )
+    .unwrap();
+    let config = dir.path().join("device-config.yaml");
+    std::fs::write(&config, "nvidia:\n  deviceSplitCount: 1\n  enableNumaTopology: true\n").unwrap();
+    let node_config = dir.path().join("config.json");
+    std::fs::write(
+        &node_config,
+        format!(r#"{{"nodeconfig":[{{"name":"{NODE}","filterdevices":{{"uuid":["GPU-cccc"]}}}}]}}"#),
+    )
+    .unwrap();
+    let cli = Cli::parse_args([
+        "hami-device-plugin".as_ref(),
+        "run".as_ref(),
+        "--node-name".as_ref(),
+        NODE.as_ref(),
+        "--kubelet-dir".as_ref(),
+        dir.path().as_os_str(),
+        "--inventory".as_ref(),
+        inventory.as_os_str(),
+        "--config".as_ref(),
+        config.as_os_str(),
+        "--node-config".as_ref(),
+        node_config.as_os_str(),
+        "--enable-topology-score=true".as_ref(),
+        "--register-interval".as_ref(),
+        "0.05".as_ref(),
+        "--metrics-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+    ] as [&std::ffi::OsStr; 17])
+    .unwrap()
+    .cli;
+    let Command::Run(args) = cli.command else {
+        panic!("not run")
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let make = |_: &RunContext| -> Result<Arc<dyn AllocateHandler>, AppError> {
+        Ok(Arc::new(VisibleDevicesOnly))
+    };
+    let plugin = tokio::spawn(hami_device_plugin::app::run_with_client(
+        args,
+        Some(server.client()),
+        make,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let registration = kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    let numa: Vec<(&str, Option<i64>)> = registration
+        .devices()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let node = d.topology.as_ref().and_then(|t| t.nodes.first()).map(|n| n.id);
+            (d.id.as_str(), node)
+        })
+        .collect();
+    assert_eq!(numa, [("GPU-aaaa-0", Some(1)), ("GPU-bbbb-0", None)]);
+    let want = r#"[{"uuid":"GPU-aaaa","score":{"GPU-bbbb":1810}},{"uuid":"GPU-bbbb","score":{"GPU-aaaa":1810}}]"#;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let node: Node = server.get(None, NODE).unwrap().unwrap();
+        let annotations = node.metadata.annotations.unwrap_or_default();
+        let score = annotations.get(hami_device_plugin::topology::ANNOTATION_NODE_NVIDIA_SCORE);
+        if score.map(String::as_str) == Some(want) {
+            assert!(annotations.contains_key(ANNOTATION_NODE_NVIDIA_REGISTER));
+            break;
+        }
+        assert!(Instant::now() < deadline, "score annotation is {score:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.send(()).unwrap();
+    tokio::time::timeout(WAIT, plugin)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// `inventory --enable-topology-score` prints the score annotation `run` would publish; bad
+/// links are refused naming the variable, the file and the value.
+#[tokio::test]
+async fn inventory_reports_the_score_and_refuses_bad_links() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = dir.path().join("inventory.yaml");
+    std::fs::write(&inventory, "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 1, links: [{peer: GPU-zzzz}]}\n- {uuid: GPU-zzzz, name: x, memoryMib: 1}\n").unwrap();
+    let cli = Cli::parse_args([
+        "hami-device-plugin".as_ref(),
+        "inventory".as_ref(),
+        "--inventory".as_ref(),
+        inventory.as_os_str(),
+        "--enable-topology-score".as_ref(),
+    ] as [&std::ffi::OsStr; 5])
+    .unwrap()
+    .cli;
+    let Command::Inventory(args) = cli.command else {
+        panic!("not inventory")
+    };
+    let report = hami_device_plugin::app::inventory_report(&args.source).unwrap();
+    assert_eq!(
+        report.node_score_annotation.as_deref(),
+        Some(r#"[{"uuid":"GPU-aaaa","score":{"GPU-zzzz":0}},{"uuid":"GPU-zzzz","score":{"GPU-aaaa":0}}]"#),
+        "a peer named without a link kind: no entry either way, a symmetric 0"
+    );
+    assert!(
+        hami_device_plugin::app::render_report(&report)
+            .contains("hami.io/node-nvidia-score: [{\"uuid\":\"GPU-aaaa\""),
+    );
+    std::fs::write(&inventory, "- {uuid: GPU-aaaa, name: x, memoryMib: 1, links: [{peer: GPU-bbbb, nvlinks: 19}]}\n- {uuid: GPU-bbbb, name: x, memoryMib: 1}\n").unwrap();
+    let err = hami_device_plugin::app::inventory_report(&args.source)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("ENABLE_TOPOLOGY_SCORE=true: cannot read how the GPUs are linked: inventory file")
+            && err.contains("nvlinks 19 is not in 0..=18"),
+        "{err}"
+    );
 }

@@ -1735,7 +1735,7 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
     let dir = c.work.path().join("dp");
     let (kubelet_dir, hook) = (dir.join("kubelet"), dir.join("hook"));
     std::fs::create_dir_all(&kubelet_dir).unwrap();
-    std::fs::create_dir_all(hook.join("vgpu")).unwrap();
+    hami_tests::hook::install_stand_in(&hook.join("vgpu")).unwrap();
     let inventory = dir.join("inventory.yaml");
     std::fs::write(
         &inventory,

@@ -197,7 +197,7 @@ impl Harness {
         make: impl FnOnce(&Path) -> AllocationSettings,
     ) -> Self {
         let hook = dir.path().join("hook");
-        std::fs::create_dir_all(hook.join("vgpu")).unwrap();
+        hami_tests::hook::install_stand_in(&hook.join("vgpu")).unwrap();
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(&kubelet_dir).unwrap();
         let inventory = dir.path().join("inventory.yaml");
