@@ -198,6 +198,23 @@ SCENARIOS: dict[str, dict] = {
             },
         }
     },
+    # HAMi v2.10's devicePlugin values (and its scheduler policy) under HAMi's names: each becomes
+    # the variable HAMi's DaemonSet sets, or the device-config / node-config key HAMi reads.
+    "hami-values": {
+        "scheduler": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": "topology-aware"}},
+        "devicePlugin": {
+            "migStrategy": "single",
+            "deviceListStrategy": "volume-mounts,cdi-annotations",
+            "passDeviceSpecsEnabled": True,
+            "nvidiaHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook",
+            "nvidiaDriverRoot": "/run/nvidia/driver",
+            "gdrcopyEnabled": True,
+            "gdsEnabled": False,
+            "mofedEnabled": True,
+            "enableNumaTopology": True,
+            "nodeConfig": [{"name": "gpu-numa-off", "enablenumatopology": False}],
+        },
+    },
     # HAMi's own device-config ConfigMap (one source of truth with HAMi's scheduler).
     "existing-device-config": {"deviceConfig": {"existingConfigMap": "hami-scheduler-device", "key": "device-config.yaml"}},
     # Every per-workload override a policy engine or a private registry asks for, on every workload.
@@ -276,11 +293,33 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("monitor port privileged", {"devicePlugin": {"monitor": {"port": 80}}}, "port"),
     ("monitor resyncInterval without unit", {"devicePlugin": {"monitor": {"resyncInterval": "300"}}}, "resyncInterval"),
     ("monitor image repository without tag or digest", {"devicePlugin": {"monitor": {"image": {"repository": "mirror/hami"}}}}, "tag"),
-    ("monitor unknown key", {"devicePlugin": {"monitor": {"ctrPath": "/usr/local/vgpu/containers"}}}, "ctrPath"),
+    ("HAMi's monitor.ctrPath", {"devicePlugin": {"monitor": {"ctrPath": "/usr/local/vgpu/containers"}}}, "<devicePlugin.hookPath>/vgpu/containers"),
+    ("monitor unknown key", {"devicePlugin": {"monitor": {"ctrpath": "/usr/local/vgpu/containers"}}}, "ctrpath"),
     ("existingConfigMap not a DNS name", {"deviceConfig": {"existingConfigMap": "HAMi_Device"}}, "existingConfigMap"),
     ("deviceConfig key with a slash", {"deviceConfig": {"key": "a/b.yaml"}}, "key"),
     ("inventory minor of /dev/nvidiactl", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 1, "minor": 255}]}}, "minor"),
     ("inventory memory beyond 16 TiB", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 16777217}]}}, "memoryMib"),
+    ("migStrategy unknown", {"devicePlugin": {"migStrategy": "all"}}, "migStrategy"),
+    ("deviceListStrategy unknown", {"devicePlugin": {"deviceListStrategy": "env"}}, "deviceListStrategy"),
+    ("passDeviceSpecsEnabled as a string", {"devicePlugin": {"passDeviceSpecsEnabled": "true"}}, "passDeviceSpecsEnabled"),
+    ("gdsEnabled as a string", {"devicePlugin": {"gdsEnabled": "true"}}, "gdsEnabled"),
+    ("relative nvidiaDriverRoot", {"devicePlugin": {"nvidiaDriverRoot": "run/nvidia/driver"}}, "nvidiaDriverRoot"),
+    ("per-node enablenumatopology as a string", {"devicePlugin": {"nodeConfig": [{"name": "n1", "enablenumatopology": "true"}]}}, "enablenumatopology"),
+    ("gpuSchedulerPolicy unknown", {"scheduler": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": "topology"}}}, "gpuSchedulerPolicy"),
+    ("HAMi's other scheduler values", {"scheduler": {"kubeScheduler": {"enabled": True}}}, "kubeScheduler"),
+    # HAMi's names that hami-limits spells otherwise (or has no use for): the error names ours.
+    ("HAMi's libPath", {"devicePlugin": {"libPath": "/usr/local/vgpu"}}, "set devicePlugin.hookPath"),
+    ("HAMi's pluginPath", {"devicePlugin": {"pluginPath": "/var/lib/kubelet/device-plugins"}}, "set devicePlugin.kubeletDir"),
+    ("HAMi's nvidiaNodeSelector", {"devicePlugin": {"nvidiaNodeSelector": {"gpu": "on"}}}, "set devicePlugin.nodeSelector"),
+    ("HAMi's extraEnvs", {"devicePlugin": {"extraEnvs": {}}}, "set devicePlugin.extraEnv"),
+    ("HAMi's nodeConfiguration", {"devicePlugin": {"nodeConfiguration": {"config": "{}"}}}, "set devicePlugin.nodeConfig"),
+    ("HAMi's disablecorelimit", {"devicePlugin": {"disablecorelimit": "false"}}, "set devicePlugin.disableCoreLimit"),
+    ("HAMi's hostPID", {"devicePlugin": {"hostPID": True}}, "needs no host PID namespace"),
+    ("HAMi's hostNetwork", {"devicePlugin": {"hostNetwork": False}}, "needs no host network"),
+    ("HAMi's gpuOperatorToolkitReady", {"devicePlugin": {"gpuOperatorToolkitReady": {"enabled": False}}}, "gpuOperatorToolkitReady"),
+    ("HAMi's createRuntimeClass", {"devicePlugin": {"createRuntimeClass": False}}, "set devicePlugin.runtimeClassName"),
+    ("HAMi's service", {"devicePlugin": {"service": {"type": "NodePort"}}}, "devicePlugin.metricsPort"),
+    ("HAMi's monitor.extraEnvs", {"devicePlugin": {"monitor": {"extraEnvs": {}}}}, "set devicePlugin.monitor.extraEnv"),
     ("hookInstaller runtimeClassName not a DNS name", {"hookInstaller": {"runtimeClassName": "NVIDIA_runtime"}}, "runtimeClassName"),
 ]
 

@@ -125,6 +125,11 @@ nvidia:
   {{- end }}
   disableCoreLimit: {{ $d.disableCoreLimit }}
   limitDelivery: {{ $d.limitDelivery | quote }}
+  {{- /* As HAMi's chart (scheduler/device-configmap.yaml) renders it. */}}
+  enableNumaTopology: {{ $d.enableNumaTopology | default false }}
+  {{- if gt (int64 $d.preConfiguredDeviceMemory) 0 }}
+  preConfiguredDeviceMemory: {{ $d.preConfiguredDeviceMemory | int64 }}
+  {{- end }}
 {{- end -}}
 
 {{/* Pod-level security context for non-root components. */}}
