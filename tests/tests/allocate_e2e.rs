@@ -313,8 +313,12 @@ async fn read_only_containers_folder_fails_the_allocation() {
         message.contains("ot a directory") || message.contains("exists"),
         "{message}"
     );
-    // Nothing written: the vgpu folder holds only the file we put there.
-    assert_eq!(names(&h.hook.join("vgpu")), ["containers"]);
+    // Nothing written: the vgpu folder holds only the file we put there (beside the stand-in
+    // libraries and preload list of the hook folder).
+    assert_eq!(
+        names(&h.hook.join("vgpu")),
+        ["containers", "ld.so.preload", "libhami_preload.so", "libvgpu.so"]
+    );
     assert_eq!(
         std::fs::read_to_string(&containers).unwrap(),
         "not a directory"
@@ -646,7 +650,9 @@ async fn hamis_hook_layout_is_refused_loudly_and_ours_is_served() {
         "{events:?}"
     );
     assert!(
-        !h.containers_dir().join(format!("{}_main.limits", uid(&pod))).exists(),
+        !h.containers_dir()
+            .join(format!("{}_main.limits", uid(&pod)))
+            .exists(),
         "nothing published for a refused allocation"
     );
 

@@ -359,11 +359,17 @@ async fn the_run_command_publishes_the_topology_score_and_numa() {
     )
     .unwrap();
     let config = dir.path().join("device-config.yaml");
-    std::fs::write(&config, "nvidia:\n  deviceSplitCount: 1\n  enableNumaTopology: true\n").unwrap();
+    std::fs::write(
+        &config,
+        "nvidia:\n  deviceSplitCount: 1\n  enableNumaTopology: true\n",
+    )
+    .unwrap();
     let node_config = dir.path().join("config.json");
     std::fs::write(
         &node_config,
-        format!(r#"{{"nodeconfig":[{{"name":"{NODE}","filterdevices":{{"uuid":["GPU-cccc"]}}}}]}}"#),
+        format!(
+            r#"{{"nodeconfig":[{{"name":"{NODE}","filterdevices":{{"uuid":["GPU-cccc"]}}}}]}}"#
+        ),
     )
     .unwrap();
     let cli = Cli::parse_args([
@@ -408,7 +414,11 @@ async fn the_run_command_publishes_the_topology_score_and_numa() {
         .unwrap()
         .iter()
         .map(|d| {
-            let node = d.topology.as_ref().and_then(|t| t.nodes.first()).map(|n| n.id);
+            let node = d
+                .topology
+                .as_ref()
+                .and_then(|t| t.nodes.first())
+                .map(|n| n.id);
             (d.id.as_str(), node)
         })
         .collect();
@@ -456,7 +466,9 @@ async fn inventory_reports_the_score_and_refuses_bad_links() {
     let report = hami_device_plugin::app::inventory_report(&args.source).unwrap();
     assert_eq!(
         report.node_score_annotation.as_deref(),
-        Some(r#"[{"uuid":"GPU-aaaa","score":{"GPU-zzzz":0}},{"uuid":"GPU-zzzz","score":{"GPU-aaaa":0}}]"#),
+        Some(
+            r#"[{"uuid":"GPU-aaaa","score":{"GPU-zzzz":0}},{"uuid":"GPU-zzzz","score":{"GPU-aaaa":0}}]"#
+        ),
         "a peer named without a link kind: no entry either way, a symmetric 0"
     );
     assert!(
@@ -468,8 +480,9 @@ async fn inventory_reports_the_score_and_refuses_bad_links() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.starts_with("ENABLE_TOPOLOGY_SCORE=true: cannot read how the GPUs are linked: inventory file")
-            && err.contains("nvlinks 19 is not in 0..=18"),
+        err.starts_with(
+            "ENABLE_TOPOLOGY_SCORE=true: cannot read how the GPUs are linked: inventory file"
+        ) && err.contains("nvlinks 19 is not in 0..=18"),
         "{err}"
     );
 }
