@@ -317,7 +317,12 @@ async fn read_only_containers_folder_fails_the_allocation() {
     // libraries and preload list of the hook folder).
     assert_eq!(
         names(&h.hook.join("vgpu")),
-        ["containers", "ld.so.preload", "libhami_preload.so", "libvgpu.so"]
+        [
+            "containers",
+            "ld.so.preload",
+            "libhami_preload.so",
+            "libvgpu.so"
+        ]
     );
     assert_eq!(
         std::fs::read_to_string(&containers).unwrap(),
