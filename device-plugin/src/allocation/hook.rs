@@ -242,21 +242,7 @@ impl HookFolder {
             return Ok(());
         }
         let list = self.vgpu_dir.join(LD_SO_PRELOAD_FILE);
-        let entries = match &self.preload_list {
-            Some(Ok(entries)) => entries,
-            Some(Err(reason)) => {
-                return Err(HookError::Unreadable {
-                    path: list,
-                    reason: reason.clone(),
-                });
-            }
-            None => {
-                return Err(HookError::Missing {
-                    path: list,
-                    provided_by: Self::provided_by(LD_SO_PRELOAD_FILE),
-                });
-            }
-        };
+        let entries = self.listed_libraries()?;
         // Libraries the container gets: its read-only file mounts (not /overrideEnv, not the
         // list itself).
         let provided: Vec<&str> = plan
@@ -287,6 +273,22 @@ impl HookFolder {
         Ok(())
     }
 
+    /// The entries of `<hook>/vgpu/ld.so.preload`, or why there are none (missing, unreadable).
+    fn listed_libraries(&self) -> Result<&[String], HookError> {
+        let list = self.vgpu_dir.join(LD_SO_PRELOAD_FILE);
+        match &self.preload_list {
+            Some(Ok(entries)) => Ok(entries),
+            Some(Err(reason)) => Err(HookError::Unreadable {
+                path: list,
+                reason: reason.clone(),
+            }),
+            None => Err(HookError::Missing {
+                path: list,
+                provided_by: Self::provided_by(LD_SO_PRELOAD_FILE),
+            }),
+        }
+    }
+
     /// At start: the problems that would refuse every HAMi-core allocation (no HAMi-core, no
     /// `ld.so.preload`, a list naming a file the folder lacks), for one clear log line. The
     /// file-mode requirement depends on the pod and is checked per allocation.
@@ -297,21 +299,7 @@ impl HookFolder {
             });
         }
         let list = self.vgpu_dir.join(LD_SO_PRELOAD_FILE);
-        let entries = match &self.preload_list {
-            Some(Ok(entries)) => entries,
-            Some(Err(reason)) => {
-                return Err(HookError::Unreadable {
-                    path: list,
-                    reason: reason.clone(),
-                });
-            }
-            None => {
-                return Err(HookError::Missing {
-                    path: list,
-                    provided_by: Self::provided_by(LD_SO_PRELOAD_FILE),
-                });
-            }
-        };
+        let entries = self.listed_libraries()?;
         if !self.files.contains(LIBHAMI_PRELOAD_SO) {
             return Err(HookError::Missing {
                 path: self.vgpu_dir.join(LIBHAMI_PRELOAD_SO),
