@@ -72,6 +72,16 @@ pub enum AppError {
     /// Allocation settings are invalid (dynamic MIG, a bad config value).
     #[error(transparent)]
     Allocation(#[from] ConfigError),
+    /// The device list settings cannot be honoured for a MIG resource's devices.
+    #[error(
+        "{resource}: {source}; set PASS_DEVICE_SPECS=false or use a CDI device list strategy, or give the MIG devices their device nodes"
+    )]
+    MigDeviceList {
+        /// The resource, e.g. `nvidia.com/mig-1g.18gb`.
+        resource: String,
+        /// Why.
+        source: crate::allocation::device_list::DeviceListError,
+    },
     /// `--metrics-listen` is not an address, or cannot be bound.
     #[error("{0}")]
     MetricsListen(String),
@@ -340,8 +350,11 @@ pub struct RunContext {
     pub source: SourceArgs,
     /// Allocation flags.
     pub allocate: crate::cli::AllocateArgs,
-    /// The advertised GPUs' index and device nodes by UUID (for `DEVICE_ID_STRATEGY=index` and
-    /// `PASS_DEVICE_SPECS`).
+    /// The device list settings (`DEVICE_LIST_STRATEGY`, …), parsed once at start, for GPU
+    /// shares and MIG devices alike.
+    pub device_list: crate::allocation::device_list::DeviceListSettings,
+    /// The advertised GPUs' and MIG devices' index and device nodes by UUID (for
+    /// `DEVICE_ID_STRATEGY=index` and `PASS_DEVICE_SPECS`).
     pub node_devices: crate::allocation::device_list::NodeDevices,
     /// Where the allocator and the collector report.
     pub metrics: Arc<Metrics>,
@@ -583,14 +596,28 @@ pub async fn run_with_options(
         ));
         cache
     });
+    let device_list =
+        match crate::allocation::config::device_list_settings(&args.allocate.device_list) {
+            Ok((device_list, notes)) => {
+                for note in &notes {
+                    tracing::warn!("{note}");
+                }
+                device_list
+            }
+            Err(error) => {
+                stop_ops(stopping).await;
+                return Err(error.into());
+            }
+        };
     let context = RunContext {
         node_name: node_name.clone(),
         settings: settings.clone(),
         client: client.clone(),
         source: args.source.clone(),
         allocate: args.allocate.clone(),
-        // Every GPU found (whole GPUs: index and /dev/nvidia<minor>); the scheduler assigns
-        // only advertised ones.
+        device_list,
+        // Every GPU and MIG device found (index and device nodes); the scheduler assigns only
+        // advertised ones.
         node_devices: crate::allocation::device_list::NodeDevices::from_gpus(&found),
         metrics: Arc::clone(&metrics),
         pod_cache: pod_cache.clone(),
@@ -610,24 +637,35 @@ pub async fn run_with_options(
         (None, _) => Arc::new(NoPendingPod),
     };
     // One plugin per resource: GPU shares get the HAMi-core allocation, MIG devices none.
-    let states: Vec<(String, Arc<SharedState>)> = advertised
-        .resources
-        .iter()
-        .map(|r| {
-            let handler: Arc<dyn AllocateHandler> = if r.table.is_mig() {
-                Arc::new(MigAllocate)
-            } else {
-                Arc::clone(&allocate)
-            };
-            let state = SharedState::new(
-                r.table.clone(),
-                settings.preferred_allocation,
-                handler,
-                Arc::clone(&pending),
+    let mut states: Vec<(String, Arc<SharedState>)> = Vec::new();
+    for r in &advertised.resources {
+        let handler: Arc<dyn AllocateHandler> = if r.table.is_mig() {
+            let mig = MigAllocate::new(
+                context.device_list.clone(),
+                context.node_devices.clone(),
+                &r.table,
             );
-            (r.resource_name.clone(), state)
-        })
-        .collect();
+            match mig {
+                Ok(mig) => Arc::new(mig),
+                Err(error) => {
+                    stop_ops(stopping).await;
+                    return Err(AppError::MigDeviceList {
+                        resource: r.resource_name.clone(),
+                        source: error,
+                    });
+                }
+            }
+        } else {
+            Arc::clone(&allocate)
+        };
+        let state = SharedState::new(
+            r.table.clone(),
+            settings.preferred_allocation,
+            handler,
+            Arc::clone(&pending),
+        );
+        states.push((r.resource_name.clone(), state));
+    }
     let watched: Vec<String> = advertised
         .resources
         .iter()
@@ -838,12 +876,7 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         &ctx.node_name,
         &ctx.allocate.hook_path,
     )?;
-    let (device_list, notes) =
-        crate::allocation::config::device_list_settings(&ctx.allocate.device_list)?;
-    for note in &notes {
-        tracing::warn!("{note}");
-    }
-    settings.device_list = device_list;
+    settings.device_list = ctx.device_list.clone();
     settings.node_devices = ctx.node_devices.clone();
     let seconds = |flag: &'static str, value: f64| {
         std::time::Duration::try_from_secs_f64(value)

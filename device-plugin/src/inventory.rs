@@ -55,6 +55,14 @@ pub struct MigDevice {
     pub memory_mib: u64,
     /// False after a critical Xid on its GPU, or when the inventory file says so.
     pub healthy: bool,
+    /// Its name under `DEVICE_ID_STRATEGY=index`: `<GPU index>:<MIG slot>` (HAMi v2.10
+    /// `rm/nvml_devices.go` `newMigDevice`: `fmt.Sprintf("%v:%v", i, j)`).
+    pub index: String,
+    /// Its device nodes for `PASS_DEVICE_SPECS=true`: the parent's `/dev/nvidia<minor>` and the
+    /// GPU and compute instance capability nodes `/dev/nvidia-caps/nvidia-cap<N>` (HAMi
+    /// `nvmlMigDevice.GetPaths`); empty when they could not be found, and then the plugin
+    /// refuses `PASS_DEVICE_SPECS=true` at start rather than start a container without them.
+    pub paths: Vec<String>,
 }
 
 /// Errors finding GPUs.
@@ -183,12 +191,17 @@ struct FileMigDevice {
     memory_mib: u64,
     #[serde(default = "default_true")]
     healthy: bool,
+    #[serde(default)]
+    index: Option<String>,
+    #[serde(default)]
+    device_paths: Vec<String>,
 }
 
 /// Longest MIG UUID we accept (`MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`).
 const MAX_MIG_UUID_LEN: usize = 80;
 
 fn mig_devices(
+    gpu_index: u32,
     gpu_uuid: &str,
     mig_enabled: bool,
     entries: Vec<FileMigDevice>,
@@ -222,15 +235,46 @@ fn mig_devices(
         if entry.memory_mib == 0 {
             return Err(at("memoryMib must be a positive number of MiB".to_owned()));
         }
+        let index = match entry.index {
+            Some(index) if is_mig_index(&index) => index,
+            Some(index) => {
+                return Err(at(format!(
+                    "index {index:?} must be <GPU index>:<MIG slot>, two decimal numbers"
+                )));
+            }
+            None => format!("{gpu_index}:{j}"),
+        };
+        if let Some(bad) = entry.device_paths.iter().find(|p| !is_dev_path(p)) {
+            return Err(at(format!(
+                "devicePaths entry {bad:?} must be an absolute path under /dev without '..'"
+            )));
+        }
         seen.push(entry.uuid.clone());
         out.push(MigDevice {
             uuid: entry.uuid,
             profile: profile.to_string(),
             memory_mib: entry.memory_mib,
             healthy: entry.healthy,
+            index,
+            paths: entry.device_paths,
         });
     }
     Ok(out)
+}
+
+/// `<digits>:<digits>`.
+fn is_mig_index(s: &str) -> bool {
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    s.split_once(':')
+        .is_some_and(|(gpu, slot)| digits(gpu) && digits(slot))
+}
+
+/// `/dev/<name>[/<name>…]`, no `.`/`..` segments, no empty segment.
+fn is_dev_path(p: &str) -> bool {
+    p.strip_prefix("/dev/").is_some_and(|rest| {
+        rest.split('/')
+            .all(|seg| !seg.is_empty() && seg != "." && seg != ".." && !seg.contains('\0'))
+    })
 }
 
 fn default_true() -> bool {
@@ -257,6 +301,11 @@ const MAX_UUID_LEN: usize = 58;
 ///     profile: 1g.18gb
 ///     memoryMib: 16384
 ///     healthy: true     # optional, editable like the GPU's
+///     index: "0:0"      # optional, default <GPU index>:<position>; DEVICE_ID_STRATEGY=index
+///     devicePaths:      # optional; PASS_DEVICE_SPECS=true needs them (parent, GI, CI nodes)
+///     - /dev/nvidia0
+///     - /dev/nvidia-caps/nvidia-cap12
+///     - /dev/nvidia-caps/nvidia-cap13
 ///   links:              # optional (ENABLE_TOPOLOGY_SCORE); what this GPU's NVML reports
 ///     - peer: GPU-11111111-0000-0000-0000-000000000000   # another GPU of the file
 ///       pcie: singleSwitch  # optional: crossCpu | sameCpu | hostBridge | multiSwitch |
@@ -364,6 +413,7 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
             .flat_map(|g: &Gpu| g.mig_devices.iter().map(|m| m.uuid.clone()))
             .collect();
         let migs = mig_devices(
+            index,
             &entry.uuid,
             entry.mig_enabled,
             entry.mig_devices.clone(),

@@ -240,6 +240,60 @@ pub fn match_gpu_instance_profile(
         .map(|(id, _)| *id)
 }
 
+/// Where the driver lists the minors of the MIG capability device nodes.
+pub const MIG_MINORS_PATH: &str = "/proc/driver/nvidia-caps/mig-minors";
+
+/// The minors of `/proc/driver/nvidia-caps/mig-minors` (lines `gpu<G>/gi<I>/access <minor>` and
+/// `gpu<G>/gi<I>/ci<C>/access <minor>`; `config`/`monitor` and other lines ignored), keyed by
+/// (parent minor, GPU instance, compute instance or `None` for the GPU instance's own node) —
+/// HAMi v2.10 `mig/mig.go` `GetMigCapabilityDevicePaths`, as data.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigMinors(std::collections::BTreeMap<(u32, u32, Option<u32>), u32>);
+
+impl MigMinors {
+    /// Parses the file's text; lines it does not know are skipped, as HAMi's `Sscanf` does.
+    pub fn parse(text: &str) -> Self {
+        let mut map = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some((path, minor)) = line.trim().split_once(' ') else {
+                continue;
+            };
+            let Ok(minor) = minor.trim().parse::<u32>() else {
+                continue;
+            };
+            let parts: Vec<&str> = path.split('/').collect();
+            let num = |s: &str, prefix: &str| s.strip_prefix(prefix)?.parse::<u32>().ok();
+            let key = match parts.as_slice() {
+                [gpu, gi, "access"] => num(gpu, "gpu")
+                    .zip(num(gi, "gi"))
+                    .map(|(g, i)| (g, i, None)),
+                [gpu, gi, ci, "access"] => num(gpu, "gpu")
+                    .zip(num(gi, "gi"))
+                    .zip(num(ci, "ci"))
+                    .map(|((g, i), c)| (g, i, Some(c))),
+                _ => None,
+            };
+            if let Some(key) = key {
+                map.insert(key, minor);
+            }
+        }
+        Self(map)
+    }
+
+    /// A MIG device's nodes (HAMi `nvmlMigDevice.GetPaths`): `/dev/nvidia<parent>`, then the GPU
+    /// instance's and the compute instance's `/dev/nvidia-caps/nvidia-cap<minor>`; `None` when
+    /// either is not listed (HAMi: "missing MIG GPU instance capability path").
+    pub fn device_paths(&self, parent_minor: u32, gi: u32, ci: u32) -> Option<Vec<String>> {
+        let gi_minor = self.0.get(&(parent_minor, gi, None))?;
+        let ci_minor = self.0.get(&(parent_minor, gi, Some(ci)))?;
+        Some(vec![
+            format!("/dev/nvidia{parent_minor}"),
+            format!("/dev/nvidia-caps/nvidia-cap{gi_minor}"),
+            format!("/dev/nvidia-caps/nvidia-cap{ci_minor}"),
+        ])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,5 +410,23 @@ mod tests {
             match_gpu_instance_profile(SliceShape { slices: 3, ..plain }, &profiles),
             None
         );
+    }
+
+    #[test]
+    fn mig_minors_give_the_capability_nodes() {
+        let minors = MigMinors::parse(
+            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\ngpu1/gi2/access 21\nbad line\ngpu1/gi2/ci1/access x\n",
+        );
+        assert_eq!(
+            minors.device_paths(0, 1, 0),
+            Some(vec![
+                "/dev/nvidia0".to_owned(),
+                "/dev/nvidia-caps/nvidia-cap12".to_owned(),
+                "/dev/nvidia-caps/nvidia-cap13".to_owned(),
+            ])
+        );
+        // gpu1/gi2 has no parsable compute-instance node: no paths, as HAMi errors.
+        assert_eq!(minors.device_paths(1, 2, 1), None);
+        assert_eq!(minors.device_paths(0, 2, 0), None);
     }
 }

@@ -55,7 +55,12 @@ const GPU_INSTANCE_PROFILES: u32 = 0x11;
 
 /// The MIG devices of the GPU at `index` (go-nvlib's `VisitMigDevices`: every slot up to the
 /// maximum, empty slots skipped), each with the profile go-nvlib would name.
-fn mig_devices_of(device: &Device<'_>, index: u32) -> Result<Vec<MigDevice>, InventoryError> {
+fn mig_devices_of(
+    device: &Device<'_>,
+    index: u32,
+    parent_minor: u32,
+    minors: &mig::MigMinors,
+) -> Result<Vec<MigDevice>, InventoryError> {
     let parent_total = device
         .memory_info()
         .map_err(nvml_err("nvmlDeviceGetMemoryInfo", index))?
@@ -110,14 +115,46 @@ fn mig_devices_of(device: &Device<'_>, index: u32) -> Result<Vec<MigDevice>, Inv
             mig::mig_memory_gb(parent_total, attrs.memory_size_mb),
             suffix,
         );
+        let paths = mig_instance_ids(&mig)
+            .and_then(|(gi, ci)| minors.device_paths(parent_minor, gi, ci))
+            .unwrap_or_default();
         out.push(MigDevice {
             uuid,
             profile: profile.to_string(),
             memory_mib: memory.total / (1024 * 1024),
             healthy: true,
+            index: format!("{index}:{slot}"),
+            paths,
         });
     }
     Ok(out)
+}
+
+/// The GPU and compute instance IDs of a MIG device handle (`nvmlDeviceGetGpuInstanceId`,
+/// `nvmlDeviceGetComputeInstanceId`, which nvml-wrapper 0.13 does not wrap); `None` when the
+/// driver lacks either function or answers an error.
+#[allow(unsafe_code)]
+fn mig_instance_ids(mig: &Device<'_>) -> Option<(u32, u32)> {
+    let lib = mig.nvml().lib();
+    let (Ok(gpu_instance), Ok(compute_instance)) = (
+        lib.nvmlDeviceGetGpuInstanceId.as_ref(),
+        lib.nvmlDeviceGetComputeInstanceId.as_ref(),
+    ) else {
+        return None;
+    };
+    let (mut gi, mut ci) = (0u32, 0u32);
+    // SAFETY: the handle comes from `nvmlDeviceGetMigDeviceHandleByIndex` on a live `Nvml`
+    // (borrowed by `mig` for the call), and each function writes one `unsigned int` through a
+    // pointer to a local that outlives the call, as NVML's header declares.
+    let (r1, r2) = unsafe {
+        let handle = mig.handle();
+        (
+            gpu_instance(handle, &mut gi),
+            compute_instance(handle, &mut ci),
+        )
+    };
+    // NVML_SUCCESS is 0 (`nvmlReturn_enum_NVML_SUCCESS`).
+    (r1 == 0 && r2 == 0).then_some((gi, ci))
 }
 
 fn nvml_err(call: &'static str, index: u32) -> impl FnOnce(NvmlError) -> InventoryError {
@@ -175,7 +212,12 @@ impl GpuInventory for NvmlInventory {
                 Err(e) => return Err(nvml_err("nvmlDeviceGetMigMode", index)(e)),
             };
             let mig_devices = if mig_enabled && self.mig_devices {
-                mig_devices_of(&device, index)?
+                // Unreadable (no MIG capability nodes): the devices get no paths, and
+                // PASS_DEVICE_SPECS=true is then refused at start.
+                let minors = std::fs::read_to_string(mig::MIG_MINORS_PATH)
+                    .map(|text| mig::MigMinors::parse(&text))
+                    .unwrap_or_default();
+                mig_devices_of(&device, index, minor, &minors)?
             } else {
                 Vec::new()
             };

@@ -354,7 +354,10 @@ async fn allocate_of_a_mig_device_is_its_uuid_and_nothing_of_hami_core() {
             },
         ],
     };
-    let response = MigAllocate.allocate(table, request).await.unwrap();
+    let response = MigAllocate::default()
+        .allocate(table, request)
+        .await
+        .unwrap();
     assert_eq!(response.container_responses.len(), 2);
     let first = &response.container_responses[0];
     assert_eq!(
@@ -527,4 +530,202 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
         err.contains("MIG_STRATEGY (--mig-strategy) \"Mixed\" is not one of: none, single, mixed"),
         "{err}"
     );
+}
+
+/// The device list settings apply to MIG devices as to GPUs (HAMi v2.10 `plugin/server.go`
+/// `Allocate`: a MIG request goes through the same `getAllocateResponse`), with the MIG index
+/// `<gpu>:<slot>` (`rm/nvml_devices.go` `newMigDevice`) and the parent's and capability nodes
+/// (`nvmlMigDevice.GetPaths`).
+#[test]
+fn mig_answers_follow_the_device_list_settings() {
+    use hami_device_plugin::allocation::device_list::{
+        DeviceIdStrategy, DeviceListSettings, DeviceListStrategies, DeviceListStrategy, NodeDevices,
+    };
+    use std::collections::BTreeSet;
+    const WITH_PATHS: &str = "
+- uuid: GPU-11111111-1111-4000-8000-111111111111
+  index: 1
+  minor: 3
+  name: NVIDIA H100 80GB HBM3
+  memoryMib: 81559
+  migEnabled: true
+  migDevices:
+  - {uuid: MIG-aaaaaaaa-0000-5000-8000-000000000001, profile: 1g.10gb, memoryMib: 9856,
+     devicePaths: [/dev/nvidia3, /dev/nvidia-caps/nvidia-cap12, /dev/nvidia-caps/nvidia-cap13]}
+  - {uuid: MIG-aaaaaaaa-0000-5000-8000-000000000002, profile: 1g.10gb, memoryMib: 9856}
+  - {uuid: MIG-aaaaaaaa-0000-5000-8000-000000000003, profile: 1g.10gb, memoryMib: 9856,
+     index: '1:7'}
+";
+    const FIRST: &str = "MIG-aaaaaaaa-0000-5000-8000-000000000001";
+    const SECOND: &str = "MIG-aaaaaaaa-0000-5000-8000-000000000002";
+    let gpus = parse_inventory(Path::new("node.yaml"), WITH_PATHS).unwrap();
+    let node = NodeDevices::from_gpus(&gpus);
+    assert_eq!(
+        node.get(SECOND).unwrap().index,
+        "1:1",
+        "<gpu index>:<position>"
+    );
+    assert_eq!(
+        node.get("MIG-aaaaaaaa-0000-5000-8000-000000000003")
+            .unwrap()
+            .index,
+        "1:7"
+    );
+    let a = advertise(
+        gpus,
+        &settings(MigStrategy::Single, &DeviceFilter::default()),
+    )
+    .unwrap();
+    let table = &a.resource("nvidia.com/gpu").unwrap().table;
+    let with = |strategies: &[DeviceListStrategy], f: &dyn Fn(&mut DeviceListSettings)| {
+        let mut s = DeviceListSettings {
+            strategies: DeviceListStrategies::new(strategies.iter().copied()).unwrap(),
+            ..DeviceListSettings::default()
+        };
+        f(&mut s);
+        s
+    };
+    let none = BTreeSet::new();
+    let ask = |s: DeviceListSettings, id: &str, control: &BTreeSet<String>| {
+        MigAllocate::new(s, node.clone(), table)
+            .unwrap()
+            .container_response(table, &[id.to_owned()], control)
+            .unwrap()
+    };
+
+    // volume-mounts: the folder in the variable, one /dev/null mount per MIG device.
+    let r = ask(
+        with(&[DeviceListStrategy::VolumeMounts], &|_| {}),
+        SECOND,
+        &none,
+    );
+    assert_eq!(
+        r.envs["NVIDIA_VISIBLE_DEVICES"],
+        "/var/run/nvidia-container-devices"
+    );
+    let mounts: Vec<(&str, &str, bool)> = r
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.as_str(), m.host_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts,
+        [(
+            "/var/run/nvidia-container-devices/MIG-aaaaaaaa-0000-5000-8000-000000000002",
+            "/dev/null",
+            false
+        )]
+    );
+
+    // cdi-cri with index names: the CDI device only, no variable.
+    let r = ask(
+        with(&[DeviceListStrategy::CdiCri], &|s| {
+            s.id_strategy = DeviceIdStrategy::Index;
+        }),
+        SECOND,
+        &none,
+    );
+    let cdi: Vec<&str> = r.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(cdi, ["nvidia.com/gpu=1:1"]);
+    assert!(r.envs.is_empty() && r.mounts.is_empty() && r.annotations.is_empty());
+
+    // cdi-annotations: keyed by the container's first MIG device.
+    let r = ask(
+        with(&[DeviceListStrategy::CdiAnnotations], &|_| {}),
+        SECOND,
+        &none,
+    );
+    assert_eq!(
+        r.annotations
+            .get("cdi.k8s.io/nvidia-device-plugin_MIG-aaaaaaaa-0000-5000-8000-000000000002")
+            .map(String::as_str),
+        Some("nvidia.com/gpu=MIG-aaaaaaaa-0000-5000-8000-000000000002")
+    );
+
+    // PASS_DEVICE_SPECS: control nodes present on the host, then the parent and the two
+    // capability nodes — for a resource whose every device has them.
+    let specs = with(&[DeviceListStrategy::Envvar], &|s| {
+        s.pass_device_specs = true
+    });
+    let err = MigAllocate::new(specs.clone(), node.clone(), table).unwrap_err();
+    assert!(
+        err.to_string().contains(SECOND) && err.to_string().contains("PASS_DEVICE_SPECS=true"),
+        "{err}"
+    );
+    let only_first: Vec<_> = parse_inventory(Path::new("node.yaml"), WITH_PATHS)
+        .unwrap()
+        .into_iter()
+        .map(|mut g| {
+            g.mig_devices.truncate(1);
+            g
+        })
+        .collect();
+    let a1 = advertise(
+        only_first.clone(),
+        &settings(MigStrategy::Single, &DeviceFilter::default()),
+    )
+    .unwrap();
+    let t1 = &a1.resource("nvidia.com/gpu").unwrap().table;
+    let control = BTreeSet::from(["/dev/nvidiactl".to_owned()]);
+    let r = MigAllocate::new(specs, NodeDevices::from_gpus(&only_first), t1)
+        .unwrap()
+        .container_response(t1, &[FIRST.to_owned()], &control)
+        .unwrap();
+    let paths: Vec<(&str, &str, &str)> = r
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.container_path.as_str(),
+                d.host_path.as_str(),
+                d.permissions.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            ("/dev/nvidiactl", "/dev/nvidiactl", "rw"),
+            ("/dev/nvidia3", "/dev/nvidia3", "rw"),
+            (
+                "/dev/nvidia-caps/nvidia-cap12",
+                "/dev/nvidia-caps/nvidia-cap12",
+                "rw"
+            ),
+            (
+                "/dev/nvidia-caps/nvidia-cap13",
+                "/dev/nvidia-caps/nvidia-cap13",
+                "rw"
+            ),
+        ]
+    );
+    assert_eq!(r.envs["NVIDIA_VISIBLE_DEVICES"], FIRST);
+
+    // The inventory's MIG index and device paths are checked.
+    for (entry, needle) in [
+        ("index: '1'", "must be <GPU index>:<MIG slot>"),
+        (
+            "devicePaths: [/etc/passwd]",
+            "must be an absolute path under /dev",
+        ),
+        (
+            "devicePaths: [/dev/../etc]",
+            "must be an absolute path under /dev",
+        ),
+    ] {
+        let text = format!(
+            "
+- uuid: GPU-11111111-1111-4000-8000-111111111111
+  name: NVIDIA H100 80GB HBM3
+  memoryMib: 81559
+  migEnabled: true
+  migDevices:
+  - {{uuid: MIG-aaaaaaaa-0000-5000-8000-000000000001, profile: 1g.10gb, memoryMib: 9856, {entry}}}
+"
+        );
+        let err = parse_inventory(Path::new("i.yaml"), &text)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{entry}: {err}");
+    }
 }

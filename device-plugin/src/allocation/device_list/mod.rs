@@ -193,20 +193,25 @@ pub struct NodeDevice {
 pub struct NodeDevices(BTreeMap<String, NodeDevice>);
 
 impl NodeDevices {
-    /// The entries of whole GPUs: index, and `/dev/nvidia<minor>` (HAMi's
-    /// `nvmlDevice.GetPaths`).
+    /// The entries of whole GPUs — index, and `/dev/nvidia<minor>` (HAMi's
+    /// `nvmlDevice.GetPaths`) — and of their MIG devices: `<gpu>:<slot>` and the parent's and
+    /// capability nodes where found (`nvmlMigDevice.GetPaths`; none when not found).
     pub fn from_gpus(gpus: &[Gpu]) -> Self {
-        Self(
-            gpus.iter()
-                .map(|g| {
-                    let device = NodeDevice {
-                        index: g.index.to_string(),
-                        paths: vec![format!("/dev/nvidia{}", g.minor)],
-                    };
-                    (g.uuid.clone(), device)
-                })
-                .collect(),
-        )
+        let whole = gpus.iter().map(|g| {
+            let device = NodeDevice {
+                index: g.index.to_string(),
+                paths: vec![format!("/dev/nvidia{}", g.minor)],
+            };
+            (g.uuid.clone(), device)
+        });
+        let migs = gpus.iter().flat_map(|g| &g.mig_devices).map(|m| {
+            let device = NodeDevice {
+                index: m.index.clone(),
+                paths: m.paths.clone(),
+            };
+            (m.uuid.clone(), device)
+        });
+        Self(whole.chain(migs).collect())
     }
 
     /// Adds (or replaces) a device, e.g. a MIG instance with its capability nodes.
@@ -276,6 +281,36 @@ impl DeviceListSettings {
 }
 
 impl DeviceListSettings {
+    /// At start: every advertised device can be answered under these settings — with
+    /// `PASS_DEVICE_SPECS=true` (and a non-CDI strategy) each needs its device nodes. The error
+    /// names the keys and the first device that fails.
+    pub fn check_devices<'a>(
+        &self,
+        node: &NodeDevices,
+        advertised: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), DeviceListError> {
+        if !self.pass_device_specs || self.strategies.all_cdi() {
+            return Ok(());
+        }
+        for uuid in advertised {
+            match node.get(uuid) {
+                None => {
+                    return Err(DeviceListError::UnknownDevice {
+                        uuid: uuid.to_owned(),
+                        needed_for: "PASS_DEVICE_SPECS=true",
+                    });
+                }
+                Some(d) if d.paths.is_empty() => {
+                    return Err(DeviceListError::NoDeviceNodes {
+                        uuid: uuid.to_owned(),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The CDI kinds (`vendor/class`) whose spec the answers name (none without a CDI
     /// strategy).
     pub fn cdi_kinds_named(&self) -> Vec<String> {
@@ -328,6 +363,15 @@ pub enum DeviceListError {
         uuid: String,
         /// The setting that needs it.
         needed_for: &'static str,
+    },
+    /// `PASS_DEVICE_SPECS=true` for a device whose device nodes were not found at start (a MIG
+    /// device without its capability nodes): the container would start without access to it.
+    #[error(
+        "device {uuid} has no known device nodes (for a MIG device: its GPU and compute instance capability nodes were not found in /proc/driver/nvidia-caps/mig-minors), so PASS_DEVICE_SPECS=true cannot be honoured for it"
+    )]
+    NoDeviceNodes {
+        /// The device's UUID.
+        uuid: String,
     },
     /// A device ID that is not a valid CDI device name (`[A-Za-z0-9][A-Za-z0-9_.:-]*`, ending
     /// alphanumeric): the runtime would refuse it.
@@ -530,6 +574,11 @@ fn device_specs(
                 uuid: (*uuid).to_owned(),
                 needed_for: "PASS_DEVICE_SPECS=true",
             })?;
+        if device.paths.is_empty() {
+            return Err(DeviceListError::NoDeviceNodes {
+                uuid: (*uuid).to_owned(),
+            });
+        }
         for path in &device.paths {
             if !specs.iter().any(|s| &s.container_path == path) {
                 specs.push(spec(path, false));

@@ -161,12 +161,17 @@ pub fn sweep_containers_dir(settings: &AllocationSettings) -> Result<usize, Publ
 pub fn probe_host(license: &Path) -> HostProbe {
     HostProbe {
         license: fs::metadata(license).is_ok(),
-        device_nodes: CONTROL_DEVICE_NODES
-            .iter()
-            .filter(|p| fs::metadata(p).is_ok())
-            .map(|p| (*p).to_owned())
-            .collect(),
+        device_nodes: probe_control_nodes(),
     }
+}
+
+/// The control device nodes (`/dev/nvidiactl`, …) that exist where the plugin runs.
+pub fn probe_control_nodes() -> std::collections::BTreeSet<String> {
+    CONTROL_DEVICE_NODES
+        .iter()
+        .filter(|p| fs::metadata(p).is_ok())
+        .map(|p| (*p).to_owned())
+        .collect()
 }
 
 #[cfg(test)]
