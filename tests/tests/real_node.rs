@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use hami_device_plugin::api::v1beta1;
 use hami_tests::real::{Case, listed, repo, rfc3339, run_cases, text, wait_for};
 use serde_json::{Value, json};
 
@@ -906,6 +907,229 @@ fn own_mount_at_override_env(n: &mut Node) {
     n.ok(&["delete", "configmap", "mine", "-n", TENANT], None);
 }
 
+/// The device plugin's `DEVICE_LIST_STRATEGY`, as the DaemonSet has it.
+fn device_list_strategy(n: &Node) -> Option<String> {
+    let d = n.try_get("daemonset", NS, &format!("{PREFIX}-device-plugin"))?;
+    d["spec"]["template"]["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "device-plugin")?["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == "DEVICE_LIST_STRATEGY")?["value"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Sets the device plugin's `DEVICE_LIST_STRATEGY` (what `helm upgrade --set
+/// devicePlugin.deviceListStrategy=…` renders), waits for the rolled-out plugin to register and
+/// the node to offer every share again.
+fn set_device_list_strategy(n: &Node, value: &str) {
+    assert!(
+        try_set_device_list_strategy(n, value),
+        "the plugin with DEVICE_LIST_STRATEGY={value} did not register with 20 shares allocatable in 120 s"
+    );
+}
+
+/// [`set_device_list_strategy`] without panicking (for a drop guard): whether it took.
+fn try_set_device_list_strategy(n: &Node, value: &str) -> bool {
+    let ds = format!("daemonset/{PREFIX}-device-plugin");
+    let old = plugin_pods(n);
+    let set = n.kubectl(
+        &[
+            "set",
+            "env",
+            &ds,
+            "-n",
+            NS,
+            &format!("DEVICE_LIST_STRATEGY={value}"),
+        ],
+        None,
+    );
+    let rolled = n.kubectl(
+        &["rollout", "status", &ds, "-n", NS, "--timeout=180s"],
+        None,
+    );
+    if !set.status.success() || !rolled.status.success() {
+        eprintln!(
+            "DEVICE_LIST_STRATEGY={value}: {}{}",
+            text(&set.stderr),
+            text(&rolled.stderr)
+        );
+        return false;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        let pods = plugin_pods(n);
+        if let [new] = pods.as_slice() {
+            let log = n.kubectl(&["logs", "-n", NS, new, "-c", "device-plugin"], None);
+            if !old.contains(new)
+                && text(&log.stdout).contains("registered with kubelet")
+                && n.try_get("node", "default", NODE)
+                    .is_some_and(|node| node["status"]["allocatable"]["nvidia.com/gpu"] == "20")
+            {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    false
+}
+
+/// The names of the device plugin's pods (none when they cannot be listed).
+fn plugin_pods(n: &Node) -> Vec<String> {
+    let out = n.kubectl(
+        &[
+            "get",
+            "pods",
+            "-n",
+            NS,
+            "-l",
+            "app.kubernetes.io/component=device-plugin",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ],
+        None,
+    );
+    text(&out.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Puts the chart's `DEVICE_LIST_STRATEGY` back and removes the case's pods however it ends.
+struct RestoreStrategy<'a> {
+    n: &'a Node,
+    was: String,
+    pods: [&'static str; 2],
+}
+
+impl Drop for RestoreStrategy<'_> {
+    fn drop(&mut self) {
+        for pod in self.pods {
+            let _ = self.n.kubectl(
+                &[
+                    "delete",
+                    "pod",
+                    pod,
+                    "-n",
+                    TENANT,
+                    "--ignore-not-found",
+                    "--wait=true",
+                    "--grace-period=0",
+                    "--force",
+                ],
+                None,
+            );
+        }
+        if device_list_strategy(self.n).as_deref() != Some(self.was.as_str())
+            && !try_set_device_list_strategy(self.n, &self.was)
+        {
+            eprintln!("could not put DEVICE_LIST_STRATEGY={} back", self.was);
+        }
+    }
+}
+
+/// What kubelet stored, and hands the runtime at every container start, for one pod's GPU
+/// container: the `ContainerAllocateResponse` in its device manager checkpoint
+/// (`/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint`, `AllocResp`: the protobuf
+/// bytes, base64 in the JSON).
+fn kubelet_allocation(pod_uid: &str) -> v1beta1::ContainerAllocateResponse {
+    use base64::Engine as _;
+    use prost::Message as _;
+    let body =
+        std::fs::read_to_string("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
+            .unwrap();
+    let checkpoint: Value = serde_json::from_str(&body).unwrap();
+    let entry = checkpoint["Data"]["PodDeviceEntries"]
+        .as_array()
+        .and_then(|entries| {
+            entries
+                .iter()
+                .find(|e| e["PodUID"] == pod_uid && e["ResourceName"] == "nvidia.com/gpu")
+        })
+        .unwrap_or_else(|| panic!("no nvidia.com/gpu entry for pod {pod_uid} in {body}"));
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(entry["AllocResp"].as_str().unwrap())
+        .unwrap();
+    v1beta1::ContainerAllocateResponse::decode(bytes.as_slice()).unwrap()
+}
+
+/// HAMi's `volume-mounts` and `cdi-cri` device lists under the real kubelet (switched on the
+/// running DaemonSet, then put back).
+fn device_list_strategies(n: &mut Node) {
+    let was = device_list_strategy(n).unwrap_or_else(|| "envvar".to_owned());
+    assert_eq!(was, "envvar", "the chart's default");
+    let restore = RestoreStrategy {
+        n,
+        was,
+        pods: ["list-mounts", "list-cdi"],
+    };
+    let n = restore.n;
+
+    // volume-mounts: the container sees the folder in NVIDIA_VISIBLE_DEVICES and one entry per
+    // GPU in it (what the NVIDIA runtime reads with
+    // accept-nvidia-visible-devices-as-volume-mounts), and is capped as before.
+    set_device_list_strategy(n, "volume-mounts");
+    assert!(
+        n.create(&hami_pod("list-mounts", 2000, 20))
+            .status
+            .success()
+    );
+    schedule_and_bind_as_hami(n, "list-mounts", GPU_1, 2000, 20);
+    wait_running(n, "list-mounts");
+    let root = "/var/run/nvidia-container-devices";
+    let entry = vars(&n.exec_ok("list-mounts", &["cat", "/tmp/entry-env"]));
+    assert_eq!(var(&entry, "NVIDIA_VISIBLE_DEVICES"), Some(root));
+    let listed = n.exec_ok("list-mounts", &["ls", root]);
+    assert_eq!(listed.split_whitespace().collect::<Vec<_>>(), [GPU_1]);
+    n.exec_ok("list-mounts", &["test", "-c", &format!("{root}/{GPU_1}")]);
+    assert_capped_inside(
+        n,
+        "list-mounts",
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT_0", "2000m"),
+            ("CUDA_DEVICE_SM_LIMIT", "20"),
+        ],
+    );
+    delete_pod(n, "list-mounts");
+
+    // cdi-cri: kubelet is given the CDI device `nvidia.com/gpu=<uuid>` (its checkpoint holds the
+    // answer it passes in the CRI request's CDIDevices) and no device list variable. Debian 12's
+    // containerd 1.6.20 predates CRI CDI devices and drops them: the container starts, capped,
+    // without a GPU list — on a node with containerd ≥ 1.7 and the toolkit's CDI spec the runtime
+    // injects the GPU.
+    set_device_list_strategy(n, "cdi-cri");
+    assert!(n.create(&hami_pod("list-cdi", 2500, 25)).status.success());
+    schedule_and_bind_as_hami(n, "list-cdi", GPU_0, 2500, 25);
+    wait_running(n, "list-cdi");
+    let uid = pod_uid(n, "list-cdi");
+    let stored = kubelet_allocation(&uid);
+    let cdi: Vec<&str> = stored.cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(cdi, [format!("nvidia.com/gpu={GPU_0}")]);
+    assert!(
+        !stored.envs.contains_key("NVIDIA_VISIBLE_DEVICES"),
+        "{:?}",
+        stored.envs
+    );
+    assert_eq!(
+        stored
+            .envs
+            .get("CUDA_DEVICE_MEMORY_LIMIT_0")
+            .map(String::as_str),
+        Some("2500m")
+    );
+    let entry = vars(&n.exec_ok("list-cdi", &["cat", "/tmp/entry-env"]));
+    assert_eq!(var(&entry, "NVIDIA_VISIBLE_DEVICES"), None);
+    assert_capped_inside(n, "list-cdi", &[("CUDA_DEVICE_MEMORY_LIMIT_0", "2500m")]);
+    println!(
+        "  volume-mounts: {root}/{GPU_1} in the container; cdi-cri: kubelet holds {cdi:?} (containerd 1.6 drops CRI CDI devices)"
+    );
+    delete_pod(n, "list-cdi");
+    drop(restore);
+    assert_eq!(device_list_strategy(n).as_deref(), Some("envvar"));
+}
+
 fn kubelet_restart(n: &mut Node) {
     let sock = Path::new("/var/lib/kubelet/device-plugins/nvidia-gpu.sock");
     assert!(
@@ -1295,6 +1519,10 @@ const CASES: &[Case<Node>] = &[
     (
         "a HAMi pod's own mount at /overrideEnv or /etc/ld.so.preload: refused by the webhook",
         own_mount_at_override_env,
+    ),
+    (
+        "device list strategies under the real kubelet: volume-mounts in the container, cdi-cri at kubelet",
+        device_list_strategies,
     ),
     (
         "kubelet restarted: the plugin registers again",
