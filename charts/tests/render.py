@@ -320,6 +320,9 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("HAMi's createRuntimeClass", {"devicePlugin": {"createRuntimeClass": False}}, "set devicePlugin.runtimeClassName"),
     ("HAMi's service", {"devicePlugin": {"service": {"type": "NodePort"}}}, "devicePlugin.metricsPort"),
     ("HAMi's monitor.extraEnvs", {"devicePlugin": {"monitor": {"extraEnvs": {}}}}, "set devicePlugin.monitor.extraEnv"),
+    ("HAMi's image.registry", {"webhook": {"image": {"registry": "docker.io"}}}, "set global.imageRegistry"),
+    ("HAMi's image.pullSecrets", {"devicePlugin": {"image": {"pullSecrets": ["regcred"]}}}, "set imagePullSecrets"),
+    ("HAMi's global.imagePullSecrets", {"global": {"imagePullSecrets": ["regcred"]}}, "set imagePullSecrets"),
     ("hookInstaller runtimeClassName not a DNS name", {"hookInstaller": {"runtimeClassName": "NVIDIA_runtime"}}, "runtimeClassName"),
 ]
 
