@@ -42,7 +42,8 @@ fn is_reason_label(value: &str) -> bool {
 
 /// What is wrong with the value of one of the project's own keys (`HAMI_GPU_FRACTION`,
 /// `HAMI_NODE_GPUS`, `HAMI_UNCAPPED`), measured against the form the webhook writes; `None` when
-/// it is in that form, and for every other key. [`LimitsFile::insert`] refuses such a value.
+/// it is in that form, and for every other key. [`crate::limits_file::LimitsFile::insert`] refuses
+/// such a value.
 pub fn project_value_problem(key: &str, value: &str) -> Option<String> {
     match key {
         ENV_HAMI_GPU_FRACTION => parse_canonical(value.as_bytes()).is_none().then(|| {

@@ -92,6 +92,10 @@ impl Failure {
     }
 }
 
+/// What the disk task hands back: the plans (with what the host said), and what was written or
+/// why not.
+type WrittenPlans = (Vec<AllocationPlan>, Result<Vec<Written>, Failure>);
+
 /// The counters of one call, recorded on its `allocate` span when it ends.
 #[derive(Debug, Default)]
 struct Counts {
@@ -456,12 +460,7 @@ impl Core {
     fn write_files(
         &self,
         plans: Vec<AllocationPlan>,
-    ) -> impl Future<
-        Output = Result<
-            (Vec<AllocationPlan>, Result<Vec<Written>, Failure>),
-            tokio::task::JoinError,
-        >,
-    > + use<> {
+    ) -> impl Future<Output = Result<WrittenPlans, tokio::task::JoinError>> + use<> {
         let disk_span = tracing::debug_span!("disk");
         let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
         let license = self.settings.license_path();
