@@ -314,43 +314,92 @@ pub fn advertise(
     settings: &AdvertiseSettings<'_>,
 ) -> Result<Advertised, MigLayoutError> {
     let strategy = settings.mig_strategy;
-    let refuse = |message: String| MigLayoutError { strategy, message };
     let total = found.len();
     let mut skipped = Vec::new();
-    let mut whole_gpus: Vec<Gpu> = Vec::new();
-    let mut mig: Vec<(String, (Gpu, String))> = Vec::new();
-    let mig_aware = strategy != MigStrategy::None;
-    let mut without_slices: Vec<Gpu> = Vec::new();
-    for gpu in found {
-        if !(mig_aware && gpu.mig_enabled) {
-            whole_gpus.push(gpu);
-            continue;
+    let by_mode = ByMigMode::sort(found, strategy)?;
+    check_mig_layout(strategy, &by_mode, &mut skipped)?;
+    let ByMigMode {
+        whole_gpus, mig, ..
+    } = by_mode;
+    let mut resources = Vec::new();
+    resources.extend(shares_resource(whole_gpus, settings, &mut skipped));
+    mig_resources(mig, settings, &mut skipped, &mut resources)?;
+    Ok(Advertised {
+        resources,
+        skipped,
+        found: total,
+    })
+}
+
+/// The refusal of a MIG layout the strategy cannot advertise.
+fn refuse(strategy: MigStrategy, message: String) -> MigLayoutError {
+    MigLayoutError { strategy, message }
+}
+
+/// The node's GPUs by how they are advertised, before any filter.
+struct ByMigMode {
+    /// Advertised whole, in shares: every GPU without MIG mode, and every GPU with `none`.
+    whole_gpus: Vec<Gpu>,
+    /// Each MIG device (its resource, its entry and its parent's UUID).
+    mig: Vec<(String, (Gpu, String))>,
+    /// MIG-enabled GPUs without a MIG device (`single` and `mixed` only).
+    without_slices: Vec<Gpu>,
+}
+
+impl ByMigMode {
+    /// Sort `found` by MIG mode; a MIG device whose profile or resource name cannot be read is
+    /// refused.
+    fn sort(found: Vec<Gpu>, strategy: MigStrategy) -> Result<Self, MigLayoutError> {
+        let mut sorted = Self {
+            whole_gpus: Vec::new(),
+            mig: Vec::new(),
+            without_slices: Vec::new(),
+        };
+        let mig_aware = strategy != MigStrategy::None;
+        for gpu in found {
+            if !(mig_aware && gpu.mig_enabled) {
+                sorted.whole_gpus.push(gpu);
+                continue;
+            }
+            if gpu.mig_devices.is_empty() {
+                sorted.without_slices.push(gpu);
+                continue;
+            }
+            for device in &gpu.mig_devices {
+                let refuse_device = |e: &dyn std::fmt::Display| {
+                    refuse(strategy, format!("MIG device {}: {e}", device.uuid))
+                };
+                let profile = MigProfile::parse(&device.profile).map_err(|e| refuse_device(&e))?;
+                let resource = match strategy {
+                    MigStrategy::Mixed => profile
+                        .mixed_resource_name()
+                        .map_err(|e| refuse_device(&e))?,
+                    _ => SINGLE_RESOURCE.to_owned(),
+                };
+                sorted.mig.push((resource, mig_entry(&gpu, device)));
+            }
         }
-        if gpu.mig_devices.is_empty() {
-            without_slices.push(gpu);
-            continue;
-        }
-        for device in &gpu.mig_devices {
-            let profile = MigProfile::parse(&device.profile)
-                .map_err(|e| refuse(format!("MIG device {}: {e}", device.uuid)))?;
-            let resource = match strategy {
-                MigStrategy::Mixed => profile
-                    .mixed_resource_name()
-                    .map_err(|e| refuse(format!("MIG device {}: {e}", device.uuid)))?,
-                _ => SINGLE_RESOURCE.to_owned(),
-            };
-            mig.push((resource, mig_entry(&gpu, device)));
-        }
+        Ok(sorted)
     }
-    // HAMi's `assertAllMigDevicesAreValid`: a MIG-enabled GPU without slices (an error with
-    // `single`, left out with `mixed`), then, with `single`, one kind of slice only; then
-    // `single` refuses GPUs with and without MIG mode side by side.
-    for gpu in without_slices {
+}
+
+/// HAMi's `assertAllMigDevicesAreValid`: a MIG-enabled GPU without slices (an error with
+/// `single`, left out with `mixed`), then, with `single`, one kind of slice only; then `single`
+/// refuses GPUs with and without MIG mode side by side.
+fn check_mig_layout(
+    strategy: MigStrategy,
+    by_mode: &ByMigMode,
+    skipped: &mut Vec<SkippedGpu>,
+) -> Result<(), MigLayoutError> {
+    for gpu in &by_mode.without_slices {
         if strategy == MigStrategy::Single {
-            return Err(refuse(format!(
-                "GPU {} (index {}) is in MIG mode but has no MIG devices configured: create its MIG devices (nvidia-smi mig -cgi ... -C), or disable MIG mode on it",
-                gpu.uuid, gpu.index
-            )));
+            return Err(refuse(
+                strategy,
+                format!(
+                    "GPU {} (index {}) is in MIG mode but has no MIG devices configured: create its MIG devices (nvidia-smi mig -cgi ... -C), or disable MIG mode on it",
+                    gpu.uuid, gpu.index
+                ),
+            ));
         }
         skipped.push(SkippedGpu::new(
             &gpu.uuid,
@@ -358,26 +407,42 @@ pub fn advertise(
             "MIG mode is enabled but no MIG device is configured on it",
         ));
     }
-    if strategy == MigStrategy::Single {
-        if let Some((_, (first, _))) = mig.first()
-            && let Some((_, (other, _))) = mig
-                .iter()
-                .find(|(_, (m, _))| m.name != first.name || m.memory_mib != first.memory_mib)
-        {
-            return Err(refuse(format!(
+    if strategy != MigStrategy::Single {
+        return Ok(());
+    }
+    let mig = &by_mode.mig;
+    if let Some((_, (first, _))) = mig.first()
+        && let Some((_, (other, _))) = mig
+            .iter()
+            .find(|(_, (m, _))| m.name != first.name || m.memory_mib != first.memory_mib)
+    {
+        return Err(refuse(
+            strategy,
+            format!(
                 "more than one MIG device type on the node: {} is {} MiB ({}), {} is {} MiB ({}); use MIG_STRATEGY=mixed, or slice every GPU alike",
                 first.uuid, first.memory_mib, first.name, other.uuid, other.memory_mib, other.name
-            )));
-        }
-        if let (Some(plain), Some((_, (_, parent)))) = (whole_gpus.first(), mig.first()) {
-            return Err(refuse(format!(
+            ),
+        ));
+    }
+    if let (Some(plain), Some((_, (_, parent)))) = (by_mode.whole_gpus.first(), mig.first()) {
+        return Err(refuse(
+            strategy,
+            format!(
                 "GPU {} is not in MIG mode but GPU {parent} is: all GPUs of the node must have the same MIG mode; use MIG_STRATEGY=mixed",
                 plain.uuid
-            )));
-        }
+            ),
+        ));
     }
+    Ok(())
+}
 
-    // The node's filter, then the memory fallback (HAMi's order).
+/// The whole GPUs' shares under `resourceCountName`: the node's filter, then the memory fallback
+/// (HAMi's order); `None` when no GPU is left.
+fn shares_resource(
+    whole_gpus: Vec<Gpu>,
+    settings: &AdvertiseSettings<'_>,
+    skipped: &mut Vec<SkippedGpu>,
+) -> Option<AdvertisedResource> {
     let mut shares = Vec::new();
     for mut gpu in whole_gpus {
         if settings.filter.excludes(&gpu) {
@@ -393,13 +458,19 @@ pub fn advertise(
         }
         shares.push(gpu);
     }
-    let mut resources = Vec::new();
-    if !shares.is_empty() {
-        resources.push(AdvertisedResource {
-            resource_name: settings.resource_name.to_owned(),
-            table: DeviceTable::shares(shares, settings.split_count, settings.numa_topology),
-        });
-    }
+    (!shares.is_empty()).then(|| AdvertisedResource {
+        resource_name: settings.resource_name.to_owned(),
+        table: DeviceTable::shares(shares, settings.split_count, settings.numa_topology),
+    })
+}
+
+/// The MIG devices the node's filter leaves, one resource per name after `resources`.
+fn mig_resources(
+    mig: Vec<(String, (Gpu, String))>,
+    settings: &AdvertiseSettings<'_>,
+    skipped: &mut Vec<SkippedGpu>,
+    resources: &mut Vec<AdvertisedResource>,
+) -> Result<(), MigLayoutError> {
     let mut by_resource: std::collections::BTreeMap<String, Vec<(Gpu, String)>> =
         std::collections::BTreeMap::new();
     for (resource, (entry, parent)) in mig {
@@ -416,20 +487,19 @@ pub fn advertise(
         if resources.iter().any(|r| r.resource_name == resource_name) {
             // Only a resourceCountName spelt like a MIG resource can get here: `single` refuses
             // GPUs with and without MIG mode side by side.
-            return Err(refuse(format!(
-                "resourceCountName {resource_name} is also the resource of MIG devices: rename it"
-            )));
+            return Err(refuse(
+                settings.mig_strategy,
+                format!(
+                    "resourceCountName {resource_name} is also the resource of MIG devices: rename it"
+                ),
+            ));
         }
         resources.push(AdvertisedResource {
             resource_name,
             table: DeviceTable::whole(devices),
         });
     }
-    Ok(Advertised {
-        resources,
-        skipped,
-        found: total,
-    })
+    Ok(())
 }
 
 /// The kubelet device ID of one share of a GPU.

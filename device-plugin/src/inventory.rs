@@ -352,88 +352,112 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
         })?;
     let mut gpus = Vec::with_capacity(entries.len());
     for (position, entry) in entries.into_iter().enumerate() {
-        let invalid = |message: String| InventoryError::Invalid {
-            path: path.to_path_buf(),
-            position,
-            uuid: entry.uuid.clone(),
-            message,
-        };
-        let uuid_ok = !entry.uuid.is_empty()
-            && entry.uuid.len() <= MAX_UUID_LEN
-            && entry
-                .uuid
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-        if !uuid_ok {
-            return Err(invalid(format!(
-                "uuid must be 1..={MAX_UUID_LEN} characters of letters, digits, '-', '_', '.'"
-            )));
-        }
-        if entry.memory_mib == Some(0) {
-            return Err(invalid(
-                "memoryMib must be a positive number of MiB (leave it out for a GPU that reports no memory)".to_owned(),
-            ));
-        }
-        if entry.name.trim().is_empty() {
-            return Err(invalid("name must not be empty".to_owned()));
-        }
-        if gpus.iter().any(|g: &Gpu| g.uuid == entry.uuid) {
-            return Err(invalid("uuid appears twice".to_owned()));
-        }
-        let index = match entry.index {
-            Some(i) => i,
-            None => u32::try_from(position).map_err(|_| invalid("too many GPUs".to_owned()))?,
-        };
-        if gpus.iter().any(|g: &Gpu| g.index == index) {
-            return Err(invalid(format!("index {index} appears twice")));
-        }
-        let (minor, from) = match entry.minor {
-            Some(m) => (m, "minor"),
-            None => (index, "minor (by default the index)"),
-        };
-        if minor > MAX_GPU_MINOR {
-            return Err(invalid(format!(
-                "{from} {minor} is not in 0..={MAX_GPU_MINOR}: give the entry `minor`, the N of its /dev/nvidiaN"
-            )));
-        }
-        if let Some(other) = gpus.iter().find(|g: &&Gpu| g.minor == minor) {
-            return Err(invalid(format!(
-                "{from} {minor} is also the minor of GPU {:?}: each GPU has its own /dev/nvidiaN",
-                other.uuid
-            )));
-        }
-        if gpus
-            .iter()
-            .any(|g: &Gpu| g.mig_devices.iter().any(|m| m.uuid == entry.uuid))
-        {
-            return Err(invalid("uuid appears twice".to_owned()));
-        }
-        let mut seen: Vec<String> = gpus
-            .iter()
-            .flat_map(|g: &Gpu| g.mig_devices.iter().map(|m| m.uuid.clone()))
-            .collect();
-        let migs = mig_devices(
-            index,
-            &entry.uuid,
-            entry.mig_enabled,
-            entry.mig_devices.clone(),
-            &mut seen,
-        )
-        .map_err(invalid)?;
-        gpus.push(Gpu {
-            uuid: entry.uuid,
-            index,
-            minor,
-            name: entry.name,
-            memory_mib: entry.memory_mib.unwrap_or(0),
-            numa_node: entry.numa_node,
-            mig_enabled: entry.mig_enabled,
-            healthy: entry.healthy,
-            mig_devices: migs,
-        });
+        let uuid = entry.uuid.clone();
+        let gpu =
+            inventory_gpu(entry, position, &gpus).map_err(|message| InventoryError::Invalid {
+                path: path.to_path_buf(),
+                position,
+                uuid,
+                message,
+            })?;
+        gpus.push(gpu);
     }
     gpus.sort_by_key(|g| g.index);
     Ok(gpus)
+}
+
+/// The GPU of one entry (at `position`), checked on its own and against the GPUs before it;
+/// the error says what is wrong.
+fn inventory_gpu(entry: FileGpu, position: usize, earlier: &[Gpu]) -> Result<Gpu, String> {
+    check_entry_fields(&entry)?;
+    if earlier.iter().any(|g| g.uuid == entry.uuid) {
+        return Err("uuid appears twice".to_owned());
+    }
+    let (index, minor) = index_and_minor(&entry, position, earlier)?;
+    if earlier
+        .iter()
+        .any(|g| g.mig_devices.iter().any(|m| m.uuid == entry.uuid))
+    {
+        return Err("uuid appears twice".to_owned());
+    }
+    let mut seen: Vec<String> = earlier
+        .iter()
+        .flat_map(|g| g.mig_devices.iter().map(|m| m.uuid.clone()))
+        .collect();
+    let migs = mig_devices(
+        index,
+        &entry.uuid,
+        entry.mig_enabled,
+        entry.mig_devices,
+        &mut seen,
+    )?;
+    Ok(Gpu {
+        uuid: entry.uuid,
+        index,
+        minor,
+        name: entry.name,
+        memory_mib: entry.memory_mib.unwrap_or(0),
+        numa_node: entry.numa_node,
+        mig_enabled: entry.mig_enabled,
+        healthy: entry.healthy,
+        mig_devices: migs,
+    })
+}
+
+/// The checks of one entry on its own: the UUID's form, a positive `memoryMib`, a name.
+fn check_entry_fields(entry: &FileGpu) -> Result<(), String> {
+    let uuid_ok = !entry.uuid.is_empty()
+        && entry.uuid.len() <= MAX_UUID_LEN
+        && entry
+            .uuid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if !uuid_ok {
+        return Err(format!(
+            "uuid must be 1..={MAX_UUID_LEN} characters of letters, digits, '-', '_', '.'"
+        ));
+    }
+    if entry.memory_mib == Some(0) {
+        return Err(
+            "memoryMib must be a positive number of MiB (leave it out for a GPU that reports no memory)".to_owned(),
+        );
+    }
+    if entry.name.trim().is_empty() {
+        return Err("name must not be empty".to_owned());
+    }
+    Ok(())
+}
+
+/// The entry's index (by default its position) and minor (by default the index), each unique
+/// among the GPUs before it; the minor within `0..=MAX_GPU_MINOR`.
+fn index_and_minor(
+    entry: &FileGpu,
+    position: usize,
+    earlier: &[Gpu],
+) -> Result<(u32, u32), String> {
+    let index = match entry.index {
+        Some(i) => i,
+        None => u32::try_from(position).map_err(|_| "too many GPUs".to_owned())?,
+    };
+    if earlier.iter().any(|g| g.index == index) {
+        return Err(format!("index {index} appears twice"));
+    }
+    let (minor, from) = match entry.minor {
+        Some(m) => (m, "minor"),
+        None => (index, "minor (by default the index)"),
+    };
+    if minor > MAX_GPU_MINOR {
+        return Err(format!(
+            "{from} {minor} is not in 0..={MAX_GPU_MINOR}: give the entry `minor`, the N of its /dev/nvidiaN"
+        ));
+    }
+    if let Some(other) = earlier.iter().find(|g| g.minor == minor) {
+        return Err(format!(
+            "{from} {minor} is also the minor of GPU {:?}: each GPU has its own /dev/nvidiaN",
+            other.uuid
+        ));
+    }
+    Ok((index, minor))
 }
 
 /// The `links` of an inventory file's GPUs (every GPU listed, those without `links` with none).

@@ -96,144 +96,164 @@ impl Metrics {
     /// Register every metric in a fresh registry.
     #[must_use]
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("hami_device_plugin");
+        let mut metrics = Self {
+            registry: Registry::with_prefix("hami_device_plugin"),
+            allocations: Family::default(),
+            allocate_latency: Histogram::new(exponential_buckets(0.000_5, 2.0, 16)),
+            limits_files_published: Counter::default(),
+            limits_file_publish_failures: Counter::default(),
+            collector_removed: Family::default(),
+            collector_errors: Family::default(),
+            collector_passes: Counter::default(),
+            registrations: Family::default(),
+            reregistrations: Family::default(),
+            devices: Family::default(),
+            node_patches: Counter::default(),
+            node_patch_errors: Counter::default(),
+            delivery: Family::default(),
+            pod_lookups: Family::default(),
+            stale_pod_retries: Counter::default(),
+        };
         hami_ops::register_build_info(
-            &mut registry,
+            &mut metrics.registry,
             "hami-device-plugin",
             env!("CARGO_PKG_VERSION"),
         );
-        let allocations = Family::<Label, Counter>::default();
-        registry.register(
+        // In this order: the exposition lists the metrics as they were registered.
+        metrics.register_allocation();
+        metrics.register_collector();
+        metrics.register_kubelet();
+        metrics.register_node_annotation();
+        metrics.register_delivery_and_lookups();
+        metrics.create_fixed_series();
+        metrics
+    }
+
+    /// `Allocate` calls and the limits files they publish.
+    fn register_allocation(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "allocations",
             "Allocate calls, by outcome (success, failed, no_pod, lookup_error)",
-            allocations.clone(),
+            self.allocations.clone(),
         );
-        let allocate_latency = Histogram::new(exponential_buckets(0.000_5, 2.0, 16));
-        registry.register(
+        r.register(
             "allocate_duration_seconds",
             "Time to answer an Allocate call, any outcome",
-            allocate_latency.clone(),
+            self.allocate_latency.clone(),
         );
-        let limits_files_published = Counter::default();
-        registry.register(
+        r.register(
             "limits_files_published",
             "Limits files published (file delivery)",
-            limits_files_published.clone(),
+            self.limits_files_published.clone(),
         );
-        let limits_file_publish_failures = Counter::default();
-        registry.register(
+        r.register(
             "limits_file_publish_failures",
             "Allocations whose directory or limits file could not be written",
-            limits_file_publish_failures.clone(),
+            self.limits_file_publish_failures.clone(),
         );
-        let collector_removed = Family::<Label, Counter>::default();
-        registry.register(
+    }
+
+    /// The collector of dead pods' entries.
+    fn register_collector(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "collector_removed",
             "Dead pods' entries removed by the collector, by kind (directory, file)",
-            collector_removed.clone(),
+            self.collector_removed.clone(),
         );
-        let collector_errors = Family::<Label, Counter>::default();
-        registry.register(
+        r.register(
             "collector_errors",
             "Collector errors, by kind (pass: pass skipped; remove: an entry not removed)",
-            collector_errors.clone(),
+            self.collector_errors.clone(),
         );
-        let collector_passes = Counter::default();
-        registry.register(
+        r.register(
             "collector_passes",
             "Collector passes completed",
-            collector_passes.clone(),
+            self.collector_passes.clone(),
         );
-        let registrations = Family::<Label, Counter>::default();
-        registry.register(
+    }
+
+    /// Registration with kubelet and the devices advertised to it.
+    fn register_kubelet(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "kubelet_registrations",
             "Registration attempts with kubelet, by result (success, failure)",
-            registrations.clone(),
+            self.registrations.clone(),
         );
-        let reregistrations = Family::<Label, Counter>::default();
-        registry.register(
+        r.register(
             "kubelet_reregistrations",
             "Re-binds and re-registrations, by reason (socket_gone, kubelet_restarted)",
-            reregistrations.clone(),
+            self.reregistrations.clone(),
         );
-        let devices = Family::<Label, Gauge>::default();
-        registry.register(
+        r.register(
             "devices",
             "Devices advertised to kubelet, by health (healthy, unhealthy)",
-            devices.clone(),
+            self.devices.clone(),
         );
-        let node_patches = Counter::default();
-        registry.register(
+    }
+
+    /// The node annotation the HAMi scheduler reads.
+    fn register_node_annotation(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "node_annotation_patches",
             "Patches of the node annotation hami.io/node-nvidia-register",
-            node_patches.clone(),
+            self.node_patches.clone(),
         );
-        let node_patch_errors = Counter::default();
-        registry.register(
+        r.register(
             "node_annotation_patch_errors",
             "Failed checks or patches of the node annotation",
-            node_patch_errors.clone(),
+            self.node_patch_errors.clone(),
         );
-        let delivery = Family::<Label2, Counter>::default();
-        registry.register(
+    }
+
+    /// How limits are delivered, and where `Allocate` read its pods.
+    fn register_delivery_and_lookups(&mut self) {
+        let r = &mut self.registry;
+        r.register(
             "limit_delivery",
             "Containers allocated, by delivery mode (file, env) and where it came from (annotation, node, global, default)",
-            delivery.clone(),
+            self.delivery.clone(),
         );
-        let pod_lookups = Family::<Label, Counter>::default();
-        registry.register(
+        r.register(
             "allocate_pod_lookups",
             "Pods selected by Allocate, by where they were read (cache: the watch-fed view of the node's pods; api: a GET or LIST)",
-            pod_lookups.clone(),
+            self.pod_lookups.clone(),
         );
-        let stale_pod_retries = Counter::default();
-        registry.register(
+        r.register(
             "allocate_stale_pod_retries",
             "Allocate selections refused by the API server because the pod had changed (409) or was gone, then retried from the API server",
-            stale_pod_retries.clone(),
+            self.stale_pod_retries.clone(),
         );
-        // Create the fixed series up front so that they read 0 before the first event. One
-        // statement each: a guard from `get_or_create` must be dropped before the next call.
+    }
+
+    /// Create the fixed series up front so that they read 0 before the first event. One
+    /// statement each: a guard from `get_or_create` must be dropped before the next call.
+    fn create_fixed_series(&self) {
         for o in [
             AllocateOutcome::Success,
             AllocateOutcome::Failed,
             AllocateOutcome::NoPod,
             AllocateOutcome::LookupError,
         ] {
-            drop(allocations.get_or_create(&[("outcome", o.as_str())]));
+            drop(self.allocations.get_or_create(&[("outcome", o.as_str())]));
         }
         for source in ["cache", "api"] {
-            drop(pod_lookups.get_or_create(&[("source", source)]));
+            drop(self.pod_lookups.get_or_create(&[("source", source)]));
         }
         for k in ["directory", "file"] {
-            drop(collector_removed.get_or_create(&[("kind", k)]));
+            drop(self.collector_removed.get_or_create(&[("kind", k)]));
         }
         for k in ["pass", "remove"] {
-            drop(collector_errors.get_or_create(&[("kind", k)]));
+            drop(self.collector_errors.get_or_create(&[("kind", k)]));
         }
         for r in ["success", "failure"] {
-            drop(registrations.get_or_create(&[("result", r)]));
+            drop(self.registrations.get_or_create(&[("result", r)]));
         }
         for h in ["healthy", "unhealthy"] {
-            drop(devices.get_or_create(&[("health", h)]));
-        }
-        Self {
-            registry,
-            allocations,
-            allocate_latency,
-            limits_files_published,
-            limits_file_publish_failures,
-            collector_removed,
-            collector_errors,
-            collector_passes,
-            registrations,
-            reregistrations,
-            devices,
-            node_patches,
-            node_patch_errors,
-            delivery,
-            pod_lookups,
-            stale_pod_retries,
+            drop(self.devices.get_or_create(&[("health", h)]));
         }
     }
 

@@ -17,11 +17,11 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::hami_core;
-use crate::limits_file::{LimitsFile, LimitsFileError, project_value_problem};
+use crate::limits_file::{GpuFraction, LimitsFile, LimitsFileError, NodeGpusPath};
 use crate::names::{
     ENV_CUDA_DEVICE_MEMORY_SHARED_CACHE, ENV_CUDA_OVERSUBSCRIBE, ENV_CUDA_TASK_PRIORITY,
-    ENV_GPU_CORE_UTILIZATION_POLICY, ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS, ENV_HAMI_UNCAPPED,
-    ENV_LIBCUDA_LOG_LEVEL, ENV_LIBVGPU_HOSTPID_BROKER, container_dir_name, limits_file_name,
+    ENV_GPU_CORE_UTILIZATION_POLICY, ENV_HAMI_UNCAPPED, ENV_LIBVGPU_HOSTPID_BROKER,
+    container_dir_name, limits_file_name,
 };
 use crate::values::{CorePolicy, MemoryLimitMib, SmLimit, TaskPriority};
 
@@ -318,21 +318,15 @@ impl LimitsBuilder {
         fraction: &str,
         node_gpus: &str,
     ) -> Result<&mut Self, LimitsFileError> {
-        for (key, value) in [
-            (ENV_HAMI_GPU_FRACTION, fraction),
-            (ENV_HAMI_NODE_GPUS, node_gpus),
-        ] {
-            if let Some(reason) = project_value_problem(key, value) {
-                return Err(LimitsFileError::UnsafeValue {
-                    key: key.to_owned(),
-                    value: value.to_owned(),
-                    reason,
-                });
-            }
-        }
-        self.file.insert(ENV_HAMI_GPU_FRACTION, fraction)?;
-        self.file.insert(ENV_HAMI_NODE_GPUS, node_gpus)?;
-        Ok(self)
+        let fraction = GpuFraction::new(fraction)?;
+        let node_gpus = NodeGpusPath::new(node_gpus)?;
+        Ok(self.per_node(fraction, node_gpus))
+    }
+
+    /// [`LimitsBuilder::per_node_fraction`] for values checked already (the webhook's).
+    pub fn per_node(&mut self, fraction: GpuFraction, node_gpus: NodeGpusPath) -> &mut Self {
+        self.file.set_per_node_fraction(fraction, node_gpus);
+        self
     }
 
     /// `HAMI_UNCAPPED=<reason>`: the container runs without a GPU memory cap (a KAI `gpu-fraction`
@@ -354,23 +348,13 @@ impl LimitsBuilder {
 
     /// `LIBCUDA_LOG_LEVEL` (0..=4).
     pub fn log_level(&mut self, level: u8) -> Result<&mut Self, LimitsFileError> {
-        if level > 4 {
-            return Err(LimitsFileError::UnsafeValue {
-                key: ENV_LIBCUDA_LOG_LEVEL.to_owned(),
-                value: level.to_string(),
-                reason: "HAMi-core knows log levels 0..=4".to_owned(),
-            });
-        }
-        self.file.insert(ENV_LIBCUDA_LOG_LEVEL, level.to_string())?;
+        self.file.set_log_level(level)?;
         Ok(self)
     }
 
     /// `GPU_CORE_UTILIZATION_POLICY`.
     pub fn core_policy(&mut self, policy: CorePolicy) -> &mut Self {
-        // CorePolicy renders one of three fixed words: cannot fail.
-        let _ = self
-            .file
-            .insert(ENV_GPU_CORE_UTILIZATION_POLICY, policy.as_str());
+        self.file.set_core_policy(policy);
         self
     }
 
@@ -379,7 +363,7 @@ impl LimitsBuilder {
     /// with a warning.
     pub fn copy_from_spec(&mut self, env: &[SpecEnv<'_>]) -> &mut Self {
         for key in COPIED_FROM_SPEC {
-            if self.file.get(key).is_some() {
+            if self.file.contains_key(key) {
                 continue;
             }
             match spec_value(env, key) {
@@ -405,9 +389,9 @@ impl LimitsBuilder {
         self
     }
 
-    /// The value set for `key` so far.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.file.get(key)
+    /// The value set for `key` so far, as the file will hold it.
+    pub fn text(&self, key: &str) -> Option<String> {
+        self.file.text(key)
     }
 
     /// The file and the warnings.
@@ -473,7 +457,7 @@ mod tests {
         ]);
         let mut b = LimitsBuilder::new("c");
         b.copy_from_spec(&e);
-        assert_eq!(b.get("CUDA_TASK_PRIORITY"), Some("2"));
+        assert_eq!(b.text("CUDA_TASK_PRIORITY").as_deref(), Some("2"));
         // A later valueFrom hides an earlier literal.
         let e = env(&[
             ("CUDA_TASK_PRIORITY", Some("1")),
@@ -482,7 +466,7 @@ mod tests {
         let mut b = LimitsBuilder::new("c");
         b.copy_from_spec(&e);
         let (file, warnings) = b.finish();
-        assert_eq!(file.get("CUDA_TASK_PRIORITY"), None);
+        assert_eq!(file.text("CUDA_TASK_PRIORITY"), None);
         assert!(matches!(warnings[0], PlanWarning::ValueFrom { .. }));
     }
 
@@ -506,7 +490,7 @@ mod tests {
             let mut b = LimitsBuilder::new("c");
             b.copy_from_spec(&e);
             let (file, warnings) = b.finish();
-            assert_eq!(file.get(key), None, "{key}={value:?}");
+            assert_eq!(file.text(key), None, "{key}={value:?}");
             assert_eq!(warnings.len(), 1, "{key}={value:?}");
             assert!(warnings[0].to_string().contains(key));
         }
@@ -521,7 +505,7 @@ mod tests {
             let mut b = LimitsBuilder::new("c");
             b.copy_from_spec(&e);
             let (file, warnings) = b.finish();
-            assert_eq!(file.get(key), Some(value), "{key}={value:?}");
+            assert_eq!(file.text(key).as_deref(), Some(value), "{key}={value:?}");
             assert!(warnings.is_empty());
         }
     }
@@ -551,8 +535,8 @@ mod tests {
             let err = b.per_node_fraction(fraction, path).unwrap_err();
             assert!(err.to_string().contains(key), "{err}");
             let (file, _) = b.finish();
-            assert_eq!(file.get("HAMI_GPU_FRACTION"), None, "{fraction} {path}");
-            assert_eq!(file.get("HAMI_NODE_GPUS"), None, "{fraction} {path}");
+            assert_eq!(file.text("HAMI_GPU_FRACTION"), None, "{fraction} {path}");
+            assert_eq!(file.text("HAMI_NODE_GPUS"), None, "{fraction} {path}");
         }
     }
 

@@ -267,45 +267,69 @@ pub fn parse(bytes: &[u8]) -> ParsedNodeGpus {
             .collect(),
         ..ParsedNodeGpus::default()
     };
-    let error = |line: usize, message: String| Diagnostic {
+    for (key, value) in &lines.entries {
+        if key == ENV_HAMI_NODE_GPUS_FORMAT {
+            out.read_format(key, value, at(key));
+        } else {
+            out.read_gpu_entry(key, value, at(key));
+        }
+    }
+    let has_format_line = lines
+        .entries
+        .keys()
+        .any(|k| k.as_str() == ENV_HAMI_NODE_GPUS_FORMAT);
+    out.check_whole_file(has_format_line, at);
+    // Stable: the line parser's findings keep their order within a line.
+    out.diagnostics.sort_by_key(|d| d.line);
+    out
+}
+
+/// An error about `line`.
+fn error(line: usize, message: String) -> Diagnostic {
+    Diagnostic {
         line,
         severity: Severity::Error,
         message,
-    };
-    for (key, value) in &lines.entries {
-        let line = at(key);
-        if key == ENV_HAMI_NODE_GPUS_FORMAT {
-            out.format = strict_decimal(value).and_then(|v| u32::try_from(v).ok());
-            match out.format {
-                Some(NODE_GPUS_FORMAT_VERSION) => {}
-                Some(v) => out.diagnostics.push(error(line, format!(
-                    "{key}={v}: this reader knows format {NODE_GPUS_FORMAT_VERSION}; the preload library ignores the file"
-                ))),
-                None => out.diagnostics.push(error(line, format!(
-                    "{key}={value:?} is not a positive integer; the preload library ignores the file"
-                ))),
-            }
-            continue;
+    }
+}
+
+impl ParsedNodeGpus {
+    /// `HAMI_NODE_GPUS_FORMAT`: the format, or an error when it is not the one this reader knows.
+    fn read_format(&mut self, key: &str, value: &str, line: usize) {
+        self.format = strict_decimal(value).and_then(|v| u32::try_from(v).ok());
+        match self.format {
+            Some(NODE_GPUS_FORMAT_VERSION) => {}
+            Some(v) => self.diagnostics.push(error(line, format!(
+                "{key}={v}: this reader knows format {NODE_GPUS_FORMAT_VERSION}; the preload library ignores the file"
+            ))),
+            None => self.diagnostics.push(error(line, format!(
+                "{key}={value:?} is not a positive integer; the preload library ignores the file"
+            ))),
         }
+    }
+
+    /// `NVIDIA<minor>_MIB` or `NVIDIA<minor>_UUID`, kept when its value is valid; any other key
+    /// is ignored with a warning.
+    fn read_gpu_entry(&mut self, key: &str, value: &str, line: usize) {
         match split_key(key) {
             Some((minor, "MIB")) => match strict_decimal(value).filter(|m| *m <= MAX_MIB) {
                 Some(mib) => {
-                    out.memory_mib.insert(minor, mib);
+                    self.memory_mib.insert(minor, mib);
                 }
-                None => out.diagnostics.push(error(line, format!(
+                None => self.diagnostics.push(error(line, format!(
                     "{key}={value:?}: memory must be a decimal number of MiB in 1..={MAX_MIB} without leading zero; the preload library cannot size a GPU from it"
                 ))),
             },
             Some((minor, "UUID")) => {
                 if is_valid_uuid(value) {
-                    out.uuids.insert(minor, value.clone());
+                    self.uuids.insert(minor, value.to_owned());
                 } else {
-                    out.diagnostics.push(error(line, format!(
+                    self.diagnostics.push(error(line, format!(
                         "{key}={value:?}: not 1..={MAX_UUID_LEN} characters of letters, digits, '.', '_', '-'"
                     )));
                 }
             }
-            _ => out.diagnostics.push(Diagnostic {
+            _ => self.diagnostics.push(Diagnostic {
                 line,
                 severity: Severity::Warning,
                 message: format!(
@@ -314,29 +338,28 @@ pub fn parse(bytes: &[u8]) -> ParsedNodeGpus {
             }),
         }
     }
-    if out.format.is_none()
-        && !lines
-            .entries
-            .keys()
-            .any(|k| k.as_str() == ENV_HAMI_NODE_GPUS_FORMAT)
-    {
-        out.diagnostics.push(error(
-            0,
-            format!("no {ENV_HAMI_NODE_GPUS_FORMAT} line: the preload library ignores the file"),
-        ));
-    }
-    for minor in out.memory_mib.keys() {
-        if !out.uuids.contains_key(minor) {
-            out.diagnostics.push(Diagnostic {
-                line: at(&mib_key(*minor)),
-                severity: Severity::Warning,
-                message: format!("{} has no {}", mib_key(*minor), uuid_key(*minor)),
-            });
+
+    /// What only the whole file shows: no format line, a GPU's MiB without its UUID (`at` gives
+    /// a key's line).
+    fn check_whole_file(&mut self, has_format_line: bool, at: impl Fn(&str) -> usize) {
+        if self.format.is_none() && !has_format_line {
+            self.diagnostics.push(error(
+                0,
+                format!(
+                    "no {ENV_HAMI_NODE_GPUS_FORMAT} line: the preload library ignores the file"
+                ),
+            ));
+        }
+        for minor in self.memory_mib.keys() {
+            if !self.uuids.contains_key(minor) {
+                self.diagnostics.push(Diagnostic {
+                    line: at(&mib_key(*minor)),
+                    severity: Severity::Warning,
+                    message: format!("{} has no {}", mib_key(*minor), uuid_key(*minor)),
+                });
+            }
         }
     }
-    // Stable: the line parser's findings keep their order within a line.
-    out.diagnostics.sort_by_key(|d| d.line);
-    out
 }
 
 #[cfg(test)]

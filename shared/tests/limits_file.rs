@@ -67,7 +67,7 @@ proptest! {
         let parsed = parse(&text);
         prop_assert_eq!(&parsed.diagnostics, &vec![]);
         prop_assert_eq!(parsed.format, Some(1));
-        prop_assert_eq!(&parsed.entries, file.entries());
+        prop_assert_eq!(&parsed.entries, &file.texts());
         prop_assert!(text.ends_with('\n'));
         prop_assert!(text.lines().any(|l| l == "HAMI_LIMITS_FORMAT=1"));
         let keys: Vec<&str> = text.lines().map(|l| l.split_once('=').unwrap().0).collect();
@@ -83,7 +83,8 @@ proptest! {
         }
         for (i, mib) in want {
             let rendered = format!("{}m", mib);
-            prop_assert_eq!(file.get(&memory_limit_env(i)), Some(rendered.as_str()));
+            let text = file.text(&memory_limit_env(i));
+            prop_assert_eq!(text.as_deref(), Some(rendered.as_str()));
         }
     }
 

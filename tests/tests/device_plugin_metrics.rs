@@ -17,11 +17,11 @@ use hami_device_plugin::app::RunOptions;
 use hami_device_plugin::cli::{Cli, Command};
 use hami_tests::apiserver::ApiServer;
 use hami_tests::kubelet::FakeKubelet;
+use hami_tests::run_command::RunCommand;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
 
 const INVENTORY: &str = "
 - uuid: GPU-11111111-aaaa-4000-8000-000000000001
@@ -189,18 +189,14 @@ async fn probes_and_counters_on_the_run_path() {
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let plugin = tokio::spawn(hami_device_plugin::app::run_with_options(
+    let plugin = RunCommand::spawn(
         args,
         RunOptions {
             client: Some(server.client()),
             metrics_listener: Some(listener),
         },
         hami_device_plugin::app::make_allocate_handler,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    );
 
     // No kubelet yet: the socket is there, registration fails, not ready; alive all the same.
     let text = await_sample(
@@ -453,12 +449,7 @@ async fn probes_and_counters_on_the_run_path() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(WAIT, plugin)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    plugin.stop(WAIT).await.unwrap();
     assert!(!kubelet_dir.join("nvidia-gpu.sock").exists());
     // The listener closed with the plugin.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());

@@ -4,17 +4,13 @@
 //! HAMi scheduler schedules, and the health of a MIG GPU reaches its MIG devices.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_device_plugin::app::{AppError, RunContext};
-use hami_device_plugin::cli::{Cli, Command};
 use hami_device_plugin::node_register::ANNOTATION_NODE_NVIDIA_REGISTER;
-use hami_device_plugin::service::{AllocateHandler, VisibleDevicesOnly};
 use hami_tests::apiserver::ApiServer;
 use hami_tests::kubelet::{FakeKubelet, PluginClient, Registration};
+use hami_tests::run_command::RunCommand;
 use k8s_openapi::api::core::v1::Node;
-use tokio::sync::oneshot;
 
 const WAIT: Duration = Duration::from_secs(10);
 const NODE: &str = "gpu-node-mig";
@@ -64,38 +60,23 @@ async fn mixed_registers_one_plugin_per_resource_and_allocates_mig_without_hami_
     let kubelet = FakeKubelet::start(dir.path()).await.unwrap();
     let inventory = dir.path().join("inventory.yaml");
     std::fs::write(&inventory, INVENTORY).unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin",
-        "run",
-        "--node-name",
-        NODE,
-        "--kubelet-dir",
-        dir.path().to_str().unwrap(),
-        "--inventory",
-        inventory.to_str().unwrap(),
-        "--mig-strategy=mixed",
-        "--register-interval",
-        "0.05",
-        "--metrics-listen",
-        "off",
-    ])
-    .unwrap()
-    .cli;
-    let Command::Run(args) = cli.command else {
-        panic!("not run")
-    };
-    let (stop, stopped) = oneshot::channel::<()>();
-    let make = |_: &RunContext| -> Result<Arc<dyn AllocateHandler>, AppError> {
-        Ok(Arc::new(VisibleDevicesOnly))
-    };
-    let plugin = tokio::spawn(hami_device_plugin::app::run_with_client(
-        args,
-        Some(server.client()),
-        make,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let plugin = RunCommand::start(
+        [
+            "--node-name",
+            NODE,
+            "--kubelet-dir",
+            dir.path().to_str().unwrap(),
+            "--inventory",
+            inventory.to_str().unwrap(),
+            "--mig-strategy=mixed",
+            "--register-interval",
+            "0.05",
+            "--metrics-listen",
+            "off",
+        ],
+        server.client(),
+    )
+    .unwrap();
 
     let registrations = kubelet
         .wait_until("both resources registered with a device list", WAIT, |s| {
@@ -177,12 +158,7 @@ async fn mixed_registers_one_plugin_per_resource_and_allocates_mig_without_hami_
         .await
         .unwrap();
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(WAIT, plugin)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    plugin.stop(WAIT).await.unwrap();
     assert!(!dir.path().join("nvidia-gpu.sock").exists());
     assert!(!dir.path().join("nvidia-mig-1g.10gb.sock").exists());
 }

@@ -4,10 +4,8 @@
 //! errors; and the whole `run` path (fake kubelet + API server + inventory file).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_device_plugin::app::{AppError, RunContext};
 use hami_device_plugin::cli::{Cli, Command};
 use hami_device_plugin::devices::DeviceTable;
 use hami_device_plugin::inventory::{DeviceFilter, Gpu};
@@ -15,9 +13,9 @@ use hami_device_plugin::node_register::{
     ANNOTATION_NODE_NVIDIA_REGISTER, MODE_HAMI_CORE, NodeRegisterConfig, Scaling,
     register_annotation, run_node_register,
 };
-use hami_device_plugin::service::{AllocateHandler, VisibleDevicesOnly};
 use hami_tests::apiserver::{ApiServer, Fault, RequestMatch, Verb};
 use hami_tests::kubelet::FakeKubelet;
+use hami_tests::run_command::RunCommand;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde::Deserialize;
@@ -263,42 +261,27 @@ async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
     std::fs::write(&config, "nvidia:\n  resourceCountName: nvidia.com/gpu\n  deviceSplitCount: 3\n  deviceMemoryScaling: 1\n").unwrap();
     let node_config = dir.path().join("config.json");
     std::fs::write(&node_config, format!(r#"{{"nodeconfig":[{{"name":"{NODE}","filterdevices":{{"index":[1]}},"devicesplitcount":2}}]}}"#)).unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin".as_ref(),
-        "run".as_ref(),
-        "--node-name".as_ref(),
-        NODE.as_ref(),
-        "--kubelet-dir".as_ref(),
-        dir.path().as_os_str(),
-        "--inventory".as_ref(),
-        inventory.as_os_str(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--node-config".as_ref(),
-        node_config.as_os_str(),
-        "--register-interval".as_ref(),
-        "0.05".as_ref(),
-        // Not the fixed default port: tests run in parallel.
-        "--metrics-listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-    ] as [&std::ffi::OsStr; 16])
-    .unwrap()
-    .cli;
-    let Command::Run(args) = cli.command else {
-        panic!("not run")
-    };
-    let (stop, stopped) = oneshot::channel::<()>();
-    let make = |_: &RunContext| -> Result<Arc<dyn AllocateHandler>, AppError> {
-        Ok(Arc::new(VisibleDevicesOnly))
-    };
-    let plugin = tokio::spawn(hami_device_plugin::app::run_with_client(
-        args,
-        Some(server.client()),
-        make,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let plugin = RunCommand::start(
+        [
+            "--node-name".as_ref(),
+            NODE.as_ref(),
+            "--kubelet-dir".as_ref(),
+            dir.path().as_os_str(),
+            "--inventory".as_ref(),
+            inventory.as_os_str(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--node-config".as_ref(),
+            node_config.as_os_str(),
+            "--register-interval".as_ref(),
+            "0.05".as_ref(),
+            // Not the fixed default port: tests run in parallel.
+            "--metrics-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ] as [&std::ffi::OsStr; 14],
+        server.client(),
+    )
+    .unwrap();
 
     let registration = kubelet.wait_for_registration(1, WAIT).await.unwrap();
     let ids: Vec<&str> = registration
@@ -318,12 +301,7 @@ async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
     )
     .await;
 
-    stop.send(()).unwrap();
-    tokio::time::timeout(WAIT, plugin)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    plugin.stop(WAIT).await.unwrap();
     assert!(!dir.path().join("nvidia-gpu.sock").exists());
 }
 
@@ -372,42 +350,27 @@ async fn the_run_command_publishes_the_topology_score_and_numa() {
         ),
     )
     .unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin".as_ref(),
-        "run".as_ref(),
-        "--node-name".as_ref(),
-        NODE.as_ref(),
-        "--kubelet-dir".as_ref(),
-        dir.path().as_os_str(),
-        "--inventory".as_ref(),
-        inventory.as_os_str(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--node-config".as_ref(),
-        node_config.as_os_str(),
-        "--enable-topology-score=true".as_ref(),
-        "--register-interval".as_ref(),
-        "0.05".as_ref(),
-        "--metrics-listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-    ] as [&std::ffi::OsStr; 17])
-    .unwrap()
-    .cli;
-    let Command::Run(args) = cli.command else {
-        panic!("not run")
-    };
-    let (stop, stopped) = oneshot::channel::<()>();
-    let make = |_: &RunContext| -> Result<Arc<dyn AllocateHandler>, AppError> {
-        Ok(Arc::new(VisibleDevicesOnly))
-    };
-    let plugin = tokio::spawn(hami_device_plugin::app::run_with_client(
-        args,
-        Some(server.client()),
-        make,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let plugin = RunCommand::start(
+        [
+            "--node-name".as_ref(),
+            NODE.as_ref(),
+            "--kubelet-dir".as_ref(),
+            dir.path().as_os_str(),
+            "--inventory".as_ref(),
+            inventory.as_os_str(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--node-config".as_ref(),
+            node_config.as_os_str(),
+            "--enable-topology-score=true".as_ref(),
+            "--register-interval".as_ref(),
+            "0.05".as_ref(),
+            "--metrics-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ] as [&std::ffi::OsStr; 15],
+        server.client(),
+    )
+    .unwrap();
     let registration = kubelet.wait_for_registration(1, WAIT).await.unwrap();
     let numa: Vec<(&str, Option<i64>)> = registration
         .devices()
@@ -436,12 +399,7 @@ async fn the_run_command_publishes_the_topology_score_and_numa() {
         assert!(Instant::now() < deadline, "score annotation is {score:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    stop.send(()).unwrap();
-    tokio::time::timeout(WAIT, plugin)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    plugin.stop(WAIT).await.unwrap();
 }
 
 /// `inventory --enable-topology-score` prints the score annotation `run` would publish; bad

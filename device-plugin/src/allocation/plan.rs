@@ -593,7 +593,7 @@ fn hami_core_limits(
         injected
             .iter()
             .filter(|(k, _)| *k != hami_shared::names::ENV_HAMI_LIMITS_FORMAT)
-            .map(|(k, v)| (k.to_owned(), v.to_owned())),
+            .map(|(k, v)| (k.to_owned(), v.to_string())),
     );
     builder.copy_from_spec(spec_env);
     let (limits, copy_warnings) = builder.finish();

@@ -92,6 +92,10 @@ impl Failure {
     }
 }
 
+/// What the disk task hands back: the plans (with what the host said), and what was written or
+/// why not.
+type WrittenPlans = (Vec<AllocationPlan>, Result<Vec<Written>, Failure>);
+
 /// The counters of one call, recorded on its `allocate` span when it ends.
 #[derive(Debug, Default)]
 struct Counts {
@@ -290,42 +294,7 @@ impl Core {
             .await;
         loop {
             self.claims.begin_lookup();
-            let cache = if attempt == 1 {
-                self.cache.as_deref()
-            } else {
-                None
-            };
-            // A pod whose last entries another call is allocating is passed over, as it will be
-            // fully allocated (the cache already shows it so; a GET or LIST cannot).
-            let passed_over = |pod: &k8s_openapi::api::core::v1::Pod| {
-                self.claims
-                    .takes_last_entries(pod.metadata.uid.as_deref().unwrap_or_default())
-            };
-            let found = locate_with(
-                self.client(),
-                self.node_name(),
-                lock,
-                cache,
-                &passed_over,
-                trips,
-            )
-            .instrument(tracing::debug_span!("locate", attempt))
-            .await;
-            let (located, source) = match found {
-                Err(e) => {
-                    return Err((AllocateOutcome::LookupError, self.lookup_failure(&e).status));
-                }
-                Ok(None) => {
-                    return Err((
-                        AllocateOutcome::NoPod,
-                        Status::failed_precondition(format!(
-                            "no pod is being allocated on node {node}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={node}; nothing was written",
-                            node = self.node_name()
-                        )),
-                    ));
-                }
-                Ok(Some(found)) => found,
-            };
+            let (located, source) = self.locate(lock, attempt, trips).await?;
             counts.from_cache = source == Source::Cache;
             let uid = located.pod().metadata.uid.clone().unwrap_or_default();
             let (busy, changed) = self.claims.state(&uid);
@@ -343,23 +312,73 @@ impl Core {
                 // Another call's patch of this pod landed while it was being read.
                 continue;
             }
-            let claim = match self.plan_selection(&located, request) {
-                Err(failure) => Err(failure),
-                Ok((selection, erased)) => Ok(self
-                    .claims
-                    .claim(
-                        self.cache.as_deref(),
-                        uid,
-                        located.pod(),
-                        selection,
-                        ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
-                        erased,
-                    )
-                    .await),
-            };
+            let claim = self.plan_and_claim(&located, uid, request).await;
             // Returning releases the node-wide lock.
             return Ok((located, claim));
         }
+    }
+
+    /// The pod being allocated (the cache first on the first attempt), or the outcome and status
+    /// of an `Allocate` that finds none.
+    async fn locate(
+        &self,
+        lock: Option<&str>,
+        attempt: u32,
+        trips: &mut LocateTrips,
+    ) -> Result<(Located, Source), (AllocateOutcome, Status)> {
+        let cache = if attempt == 1 {
+            self.cache.as_deref()
+        } else {
+            None
+        };
+        // A pod whose last entries another call is allocating is passed over, as it will be
+        // fully allocated (the cache already shows it so; a GET or LIST cannot).
+        let passed_over = |pod: &k8s_openapi::api::core::v1::Pod| {
+            self.claims
+                .takes_last_entries(pod.metadata.uid.as_deref().unwrap_or_default())
+        };
+        let found = locate_with(
+            self.client(),
+            self.node_name(),
+            lock,
+            cache,
+            &passed_over,
+            trips,
+        )
+        .instrument(tracing::debug_span!("locate", attempt))
+        .await;
+        match found {
+            Err(e) => Err((AllocateOutcome::LookupError, self.lookup_failure(&e).status)),
+            Ok(None) => Err((
+                AllocateOutcome::NoPod,
+                Status::failed_precondition(format!(
+                    "no pod is being allocated on node {node}: no node lock {ANNOTATION_MUTEX_LOCK} names an existing pod, and no Pending pod on the node has hami.io/bind-time, hami.io/bind-phase allocating|success and hami.io/vgpu-node={node}; nothing was written",
+                    node = self.node_name()
+                )),
+            )),
+            Ok(Some(found)) => Ok(found),
+        }
+    }
+
+    /// Plan the selection and claim the pod `uid` for it (the cache shows its entries erased).
+    async fn plan_and_claim(
+        &self,
+        located: &Located,
+        uid: String,
+        request: &v1beta1::AllocateRequest,
+    ) -> Result<Claim<'_>, Failure> {
+        let (selection, erased) = self.plan_selection(located, request)?;
+        Ok(self
+            .claims
+            .claim(
+                self.cache.as_deref(),
+                uid,
+                located.pod(),
+                selection,
+                ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
+                erased,
+            )
+            .await)
     }
 
     /// Phase 2, outside the node-wide lock (so that concurrent calls for different pods overlap
@@ -383,17 +402,74 @@ impl Core {
             guard,
         } = claim;
         let Selection { plans, done } = selection;
-        // The blocking thread reports its spans where this call does.
+        let disk = self.write_files(plans);
+        // The node lock, read while the files are written (off the critical path) when this
+        // attempt does not know it yet.
+        let lock_task = async {
+            if !read_lock {
+                return None;
+            }
+            let mut trips = LocateTrips::default();
+            Some(node_lock(self.client(), self.node_name(), &mut trips).await)
+        }
+        .instrument(tracing::debug_span!("node_get"));
+        let (disk, lock_read) = tokio::join!(disk, lock_task);
+        if let Some(lock) = lock_read {
+            counts.api_round_trips += 1;
+            if let Err(failure) = lock
+                .map_err(|e| self.lookup_failure(&e))
+                .and_then(|lock| Self::apply_lock(located, lock))
+            {
+                if let Ok((_, Ok(written))) = &disk {
+                    written.iter().for_each(Written::undo);
+                }
+                guard.settle(false);
+                return Err(failure);
+            }
+        }
+        let (plans, outcome) = match disk {
+            Ok(finished) => finished,
+            Err(e) => {
+                guard.settle(false);
+                let message = format!("allocation failed for pod {key}: disk task failed: {e}");
+                return Err(Failure::new(Status::internal, message));
+            }
+        };
+        let written = match outcome {
+            Ok(done) => done,
+            Err(failure) => {
+                self.metrics.observe_publish_failure();
+                guard.settle(false);
+                return Err(failure);
+            }
+        };
+        counts.api_round_trips += 1;
+        if let Err(failure) = self.patch_selection(located, &key, erased, done).await {
+            written.iter().for_each(Written::undo);
+            guard.settle(false);
+            return Err(failure);
+        }
+        guard.settle(true);
+        Ok(self.allocated(located, &key, &plans, done, counts).await)
+    }
+
+    /// Phase 2a, started at once on a blocking thread (its spans reported where this call
+    /// reports them): what the answer depends on at the time of the call (as HAMi stats it),
+    /// then each plan's directories and limits file; on a disk error, what was written is
+    /// removed again. The future waits for it.
+    fn write_files(
+        &self,
+        plans: Vec<AllocationPlan>,
+    ) -> impl Future<Output = Result<WrittenPlans, tokio::task::JoinError>> + use<> {
         let disk_span = tracing::debug_span!("disk");
         let dispatch = tracing::dispatcher::get_default(tracing::Dispatch::clone);
         let license = self.settings.license_path();
         let vgpu_dir = self.settings.vgpu_dir();
-        let disk_task = {
+        let task = {
             let disk_span = disk_span.clone();
             tokio::task::spawn_blocking(move || {
                 tracing::dispatcher::with_default(&dispatch, || {
                     disk_span.in_scope(|| {
-                        // What the answer depends on at the time of the call (as HAMi stats it).
                         let host = probe_host(&license);
                         let plans: Vec<AllocationPlan> = plans
                             .into_iter()
@@ -415,83 +491,59 @@ impl Core {
                 })
             })
         };
-        // The node lock, read while the files are written (off the critical path) when this
-        // attempt does not know it yet.
-        let lock_task = async {
-            if !read_lock {
-                return None;
-            }
-            let mut trips = LocateTrips::default();
-            Some(node_lock(self.client(), self.node_name(), &mut trips).await)
+        async move {
+            let disk = task.await;
+            drop(disk_span);
+            disk
         }
-        .instrument(tracing::debug_span!("node_get"));
-        let (disk, lock_read) = tokio::join!(
-            async {
-                let disk = disk_task.await;
-                drop(disk_span);
-                disk
-            },
-            lock_task
-        );
-        if let Some(lock) = lock_read {
-            counts.api_round_trips += 1;
-            if let Err(failure) = lock
-                .map_err(|e| self.lookup_failure(&e))
-                .and_then(|lock| Self::apply_lock(located, lock))
-            {
-                if let Ok((_, Ok(written))) = &disk {
-                    written.iter().for_each(Written::undo);
-                }
-                guard.settle(false);
-                return Err(failure);
-            }
-        }
-        let pod = located.pod();
-        let (plans, outcome) = match disk {
-            Ok(finished) => finished,
-            Err(e) => {
-                guard.settle(false);
-                let message = format!("allocation failed for pod {key}: disk task failed: {e}");
-                return Err(Failure::new(Status::internal, message));
-            }
-        };
-        let written = match outcome {
-            Ok(done) => done,
-            Err(failure) => {
-                self.metrics.observe_publish_failure();
-                guard.settle(false);
-                return Err(failure);
-            }
-        };
+    }
+
+    /// Phase 2b: the merge patch that erases the selected entries (and sets `bind-phase:
+    /// success` when `done`), with the pod's `resourceVersion`. A 409 or 404 is a `stale`
+    /// failure.
+    async fn patch_selection(
+        &self,
+        located: &Located,
+        key: &str,
+        erased: String,
+        done: bool,
+    ) -> Result<(), Failure> {
         let mut annotations = serde_json::json!({ ANNOTATION_VGPU_DEVICES_TO_ALLOCATE: erased });
         if done {
             annotations[ANNOTATION_BIND_PHASE] = BIND_PHASE_SUCCESS.into();
         }
-        counts.api_round_trips += 1;
         let patched = self
             .api
-            .patch_annotations(pod, annotations, true)
+            .patch_annotations(located.pod(), annotations, true)
             .instrument(tracing::debug_span!("patch_pod"))
             .await;
-        if let Err(e) = patched {
-            written.iter().for_each(Written::undo);
-            guard.settle(false);
-            let stale = matches!(&e, kube::Error::Api(s) if s.code == 409 || s.code == 404);
-            let what = if done {
-                format!(
-                    "cannot erase the allocated entries and set {ANNOTATION_BIND_PHASE}: {BIND_PHASE_SUCCESS} on pod {key}"
-                )
-            } else {
-                format!("cannot erase the allocated entries of pod {key}")
-            };
-            let mut failure = Failure::api(&what, &e);
-            if stale {
-                failure.kind = FailureKind::Stale { lock_read: None };
-            }
-            return Err(failure);
+        let Err(e) = patched else { return Ok(()) };
+        let stale = matches!(&e, kube::Error::Api(s) if s.code == 409 || s.code == 404);
+        let what = if done {
+            format!(
+                "cannot erase the allocated entries and set {ANNOTATION_BIND_PHASE}: {BIND_PHASE_SUCCESS} on pod {key}"
+            )
+        } else {
+            format!("cannot erase the allocated entries of pod {key}")
+        };
+        let mut failure = Failure::api(&what, &e);
+        if stale {
+            failure.kind = FailureKind::Stale { lock_read: None };
         }
-        guard.settle(true);
-        for plan in &plans {
+        Err(failure)
+    }
+
+    /// Phase 2c, once the pod is patched: the log, the node lock released when no entry is left,
+    /// each plan's warnings as Events, the metrics; the answer to kubelet.
+    async fn allocated(
+        &self,
+        located: &Located,
+        key: &str,
+        plans: &[AllocationPlan],
+        done: bool,
+        counts: &mut Counts,
+    ) -> v1beta1::AllocateResponse {
+        for plan in plans {
             tracing::info!(
                 pod = %key,
                 container = %plan.container,
@@ -519,18 +571,18 @@ impl Core {
             tracing::warn!(pod = %key, reason = warning.reason(), "{warning}");
             counts.api_round_trips += 1;
             self.api
-                .warn(pod, warning.reason(), &warning.to_string())
+                .warn(located.pod(), warning.reason(), &warning.to_string())
                 .await;
         }
         let published = plans.iter().filter(|p| p.limits_file.is_some()).count();
         self.metrics.observe_published(published as u64);
-        for plan in &plans {
+        for plan in plans {
             self.metrics
                 .observe_delivery(plan.delivery.mode, plan.delivery.source);
         }
-        Ok(v1beta1::AllocateResponse {
+        v1beta1::AllocateResponse {
             container_responses: plans.iter().map(AllocationPlan::response).collect(),
-        })
+        }
     }
 
     /// One `Allocate` call, in an `allocate` span: select, execute, and redo the selection while

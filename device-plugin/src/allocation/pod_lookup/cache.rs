@@ -1,6 +1,13 @@
 //! A watch-fed view of the pods bound to this node (`spec.nodeName=<node>`), so that `Allocate`
 //! can find its pod without a pod LIST (or GET) while it holds the node-wide allocation lock.
 //!
+//! What the watch says is kept by kube's reflector ([`Store`] and its [`Writer`]: a relist is
+//! buffered and swapped in whole at `InitDone`). The reflector cannot hold what the plugin itself
+//! wrote: its [`Writer`] applies watch events unconditionally (the last event wins, a `Delete`
+//! removes by name whatever the UID), while the plugin's own versions must outlive an older event
+//! and a relist older than them. So those versions are kept beside the store, "ahead" of it, and a
+//! read prefers them; each watch event drops the ones it catches up with.
+//!
 //! The view only saves round trips; it never decides on stale data:
 //!
 //! - a pod read from the view is selected with a merge patch that carries the pod's
@@ -14,29 +21,62 @@
 //!   (the executor then asks the API server, as without a view); a pod the view does not hold is
 //!   looked up in the API server too.
 //!
-//! Pods are kept in the API server's list order (`<namespace>/<name>`), so "the first pending pod"
-//! is the one a LIST would have returned first.
+//! Pods are taken in the API server's list order (`<namespace>/<name>`), so "the first pending
+//! pod" is the one a LIST would have returned first.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 
 use super::pod::{Candidate, is_pending_here};
 
-#[derive(Debug, Default)]
+/// A version of a pod the plugin wrote or read itself, newer than the store's (or of a pod the
+/// store does not hold yet).
+#[derive(Debug)]
+struct Ahead {
+    pod: Arc<Pod>,
+    /// Recorded while a relist was being read: kept when the list does not hold the pod (the
+    /// list was taken before it).
+    during_relist: bool,
+}
+
+#[derive(Debug)]
 struct Inner {
-    pods: BTreeMap<String, Pod>,
+    /// Applies the watch's events to the store.
+    writer: Writer<Pod>,
+    /// The plugin's own versions, by `<namespace>/<name>`; a read prefers them to the store's.
+    ahead: BTreeMap<String, Ahead>,
+    /// Between a relist's `Init` and its `InitDone`.
+    relisting: bool,
     /// A complete list was read and the watch has not failed since.
     synced: bool,
-    /// The list being read (between `Init` and `InitDone`).
-    relist: Option<BTreeMap<String, Pod>>,
 }
 
 /// The pods on this node, as last seen. Cheap to share (`Arc`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct PodCache {
+    /// What the watch says (kube's reflector store).
+    store: Store<Pod>,
     inner: Mutex<Inner>,
+}
+
+impl Default for PodCache {
+    fn default() -> Self {
+        let writer = Writer::default();
+        Self {
+            store: writer.as_reader(),
+            inner: Mutex::new(Inner {
+                writer,
+                ahead: BTreeMap::new(),
+                relisting: false,
+                synced: false,
+            }),
+        }
+    }
 }
 
 fn key_of(pod: &Pod) -> Option<String> {
@@ -59,14 +99,13 @@ fn newer_or_unknown(old: &Pod, new: &Pod) -> bool {
     }
 }
 
-fn upsert(pods: &mut BTreeMap<String, Pod>, pod: Pod) {
-    let Some(key) = key_of(&pod) else { return };
-    match pods.get(&key) {
-        Some(old) if old.metadata.uid == pod.metadata.uid && !newer_or_unknown(old, &pod) => {}
-        _ => {
-            pods.insert(key, pod);
-        }
-    }
+/// Both versions are numbers and `a`'s is higher than `b`'s.
+fn strictly_newer(a: &Pod, b: &Pod) -> bool {
+    rv_of(a).zip(rv_of(b)).is_some_and(|(a, b)| a > b)
+}
+
+fn same_pod(a: &Pod, b: &Pod) -> bool {
+    a.metadata.uid == b.metadata.uid
 }
 
 impl PodCache {
@@ -80,6 +119,26 @@ impl PodCache {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The view's version of `pod` (same namespace and name): the plugin's own, else the store's.
+    fn held(&self, inner: &Inner, key: &str, pod: &Pod) -> Option<Arc<Pod>> {
+        match inner.ahead.get(key) {
+            Some(ahead) => Some(Arc::clone(&ahead.pod)),
+            None => self.store.get(&ObjectRef::from_obj(pod)),
+        }
+    }
+
+    /// Keep `pod` as the view's version, ahead of the store.
+    fn put_ahead(inner: &mut Inner, key: String, pod: Pod) {
+        let during_relist = inner.relisting;
+        inner.ahead.insert(
+            key,
+            Ahead {
+                pod: Arc::new(pod),
+                during_relist,
+            },
+        );
+    }
+
     /// A complete list has been read and the watch is healthy.
     #[must_use]
     pub fn is_synced(&self) -> bool {
@@ -89,7 +148,13 @@ impl PodCache {
     /// Number of pods held.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.lock().pods.len()
+        let inner = self.lock();
+        let only_ahead = inner
+            .ahead
+            .values()
+            .filter(|a| self.store.get(&ObjectRef::from_obj(&*a.pod)).is_none())
+            .count();
+        self.store.len() + only_ahead
     }
 
     /// No pod held.
@@ -101,11 +166,15 @@ impl PodCache {
     /// Records a pod version the plugin read or wrote (a patch's response), unless the view
     /// already holds a newer one of the same pod.
     pub fn observe(&self, pod: &Pod) {
+        let Some(key) = key_of(pod) else { return };
         let mut inner = self.lock();
-        if let Some(relist) = inner.relist.as_mut() {
-            upsert(relist, pod.clone());
+        if let Some(held) = self.held(&inner, &key, pod)
+            && same_pod(&held, pod)
+            && !newer_or_unknown(&held, pod)
+        {
+            return;
         }
-        upsert(&mut inner.pods, pod.clone());
+        Self::put_ahead(&mut inner, key, pod.clone());
     }
 
     /// Shows `pod` with annotation `key` set to `value` (an allocation's claim, before its
@@ -119,12 +188,11 @@ impl PodCache {
             .insert(key.to_owned(), value.to_owned());
         let Some(k) = key_of(pod) else { return };
         let mut inner = self.lock();
-        let newer = inner.pods.get(&k).is_some_and(|held| {
-            held.metadata.uid == pod.metadata.uid
-                && rv_of(held).zip(rv_of(pod)).is_some_and(|(h, p)| h > p)
-        });
+        let newer = self
+            .held(&inner, &k, pod)
+            .is_some_and(|held| same_pod(&held, pod) && strictly_newer(&held, pod));
         if !newer {
-            inner.pods.insert(k, claimed);
+            Self::put_ahead(&mut inner, k, claimed);
         }
     }
 
@@ -133,12 +201,12 @@ impl PodCache {
     pub fn unclaim(&self, original: &Pod) {
         let Some(k) = key_of(original) else { return };
         let mut inner = self.lock();
-        let same = inner.pods.get(&k).is_some_and(|held| {
-            held.metadata.uid == original.metadata.uid
+        let same = self.held(&inner, &k, original).is_some_and(|held| {
+            same_pod(&held, original)
                 && held.metadata.resource_version == original.metadata.resource_version
         });
         if same {
-            inner.pods.insert(k, original.clone());
+            Self::put_ahead(&mut inner, k, original.clone());
         }
     }
 
@@ -149,7 +217,13 @@ impl PodCache {
         if !inner.synced {
             return None;
         }
-        inner.pods.get(&format!("{namespace}/{name}")).cloned()
+        match inner.ahead.get(&format!("{namespace}/{name}")) {
+            Some(ahead) => Some((*ahead.pod).clone()),
+            None => self
+                .store
+                .get(&ObjectRef::new(name).within(namespace))
+                .map(|p| (*p).clone()),
+        }
     }
 
     /// The first pod (in list order) pending on `node` with an NVIDIA entry left to allocate,
@@ -164,59 +238,102 @@ impl PodCache {
         if !inner.synced {
             return None;
         }
-        inner
-            .pods
-            .values()
-            .filter(|p| is_pending_here(p, node) && !passed_over(p))
-            .find_map(Candidate::unless_fully_allocated)
+        let from_store = self
+            .store
+            .state_filter(|p| is_pending_here(p, node))
+            .into_iter()
+            .filter_map(|p| Some((key_of(&p)?, p)))
+            .filter(|(key, _)| !inner.ahead.contains_key(key));
+        let from_ahead = inner
+            .ahead
+            .iter()
+            .filter(|(_, a)| is_pending_here(&a.pod, node))
+            .map(|(key, a)| (key.clone(), Arc::clone(&a.pod)));
+        let mut pending: Vec<(String, Arc<Pod>)> = from_store
+            .chain(from_ahead)
+            .filter(|(_, p)| !passed_over(p))
+            .collect();
+        pending.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        pending
+            .iter()
+            .find_map(|(_, p)| Candidate::unless_fully_allocated(p))
+    }
+
+    /// One event of the watch: into the store, and the plugin's versions it catches up with
+    /// dropped. `InitDone` (a complete list) makes the view synced.
+    pub fn event(&self, event: &watcher::Event<Pod>) {
+        let mut inner = self.lock();
+        inner.writer.apply_watcher_event(event);
+        match event {
+            watcher::Event::Init => inner.relisting = true,
+            watcher::Event::InitApply(_) => {}
+            watcher::Event::InitDone => {
+                // The list replaces the view; the plugin's versions newer than the list's stay,
+                // and those recorded during the relist of pods the list does not hold.
+                let store = &self.store;
+                inner.ahead.retain(
+                    |_, ours| match store.get(&ObjectRef::from_obj(&*ours.pod)) {
+                        Some(listed) => {
+                            same_pod(&listed, &ours.pod) && strictly_newer(&ours.pod, &listed)
+                        }
+                        None => ours.during_relist,
+                    },
+                );
+                for ours in inner.ahead.values_mut() {
+                    ours.during_relist = false;
+                }
+                inner.relisting = false;
+                inner.synced = true;
+            }
+            // A pod was added or changed: it replaces the plugin's version unless that one is
+            // a newer version of the same pod.
+            watcher::Event::Apply(pod) => {
+                if let Some(key) = key_of(pod)
+                    && inner.ahead.get(&key).is_some_and(|ours| {
+                        !same_pod(&ours.pod, pod) || newer_or_unknown(&ours.pod, pod)
+                    })
+                {
+                    inner.ahead.remove(&key);
+                }
+            }
+            // A pod was deleted or left the node: only that pod (same UID) is removed.
+            watcher::Event::Delete(pod) => {
+                if let Some(key) = key_of(pod)
+                    && inner
+                        .ahead
+                        .get(&key)
+                        .is_some_and(|ours| same_pod(&ours.pod, pod))
+                {
+                    inner.ahead.remove(&key);
+                }
+            }
+        }
     }
 
     /// A relist begins (watch `Init`).
     pub fn begin_list(&self) {
-        self.lock().relist = Some(BTreeMap::new());
+        self.event(&watcher::Event::Init);
     }
 
     /// One pod of the relist (watch `InitApply`).
     pub fn list_item(&self, pod: Pod) {
-        let mut inner = self.lock();
-        upsert(inner.relist.get_or_insert_with(BTreeMap::new), pod);
+        self.event(&watcher::Event::InitApply(pod));
     }
 
     /// The relist is complete (watch `InitDone`): it replaces the view, which is now synced.
     /// Versions the plugin wrote meanwhile and that are newer than the list's are kept.
     pub fn end_list(&self) {
-        let mut inner = self.lock();
-        let mut fresh = inner.relist.take().unwrap_or_default();
-        for (key, pod) in &inner.pods {
-            if let Some(listed) = fresh.get(key)
-                && listed.metadata.uid == pod.metadata.uid
-                && rv_of(pod)
-                    .zip(rv_of(listed))
-                    .is_some_and(|(ours, theirs)| ours > theirs)
-            {
-                fresh.insert(key.clone(), pod.clone());
-            }
-        }
-        inner.pods = fresh;
-        inner.synced = true;
+        self.event(&watcher::Event::InitDone);
     }
 
     /// A pod was added or changed (watch `Apply`).
     pub fn apply(&self, pod: Pod) {
-        upsert(&mut self.lock().pods, pod);
+        self.event(&watcher::Event::Apply(pod));
     }
 
     /// A pod was deleted or left the node (watch `Delete`). Only that pod (same UID) is removed.
     pub fn delete(&self, pod: &Pod) {
-        let Some(key) = key_of(pod) else { return };
-        let mut inner = self.lock();
-        if inner
-            .pods
-            .get(&key)
-            .is_some_and(|held| held.metadata.uid == pod.metadata.uid)
-        {
-            inner.pods.remove(&key);
-        }
+        self.event(&watcher::Event::Delete(pod.clone()));
     }
 
     /// The watch failed: nothing is read from the view until the next complete list.
@@ -233,29 +350,23 @@ impl PodCache {
         shutdown: impl std::future::Future<Output = ()>,
     ) {
         use futures::StreamExt as _;
-        use kube::runtime::{WatchStreamExt as _, watcher};
+        use kube::runtime::WatchStreamExt as _;
 
         let api: kube::Api<Pod> = kube::Api::all(client);
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
-        let stream = watcher(api, config).default_backoff();
+        // As the webhook's node watch: `take_until` polls `shutdown` before each event.
+        let stream = watcher::watcher(api, config)
+            .default_backoff()
+            .take_until(shutdown);
         tokio::pin!(stream);
-        tokio::pin!(shutdown);
-        loop {
-            let event = tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                e = stream.next() => e,
-            };
-            let Some(event) = event else { break };
+        while let Some(event) = stream.next().await {
             match event {
-                Ok(watcher::Event::Init) => self.begin_list(),
-                Ok(watcher::Event::InitApply(pod)) => self.list_item(pod),
-                Ok(watcher::Event::InitDone) => {
-                    self.end_list();
-                    tracing::debug!(node = %node_name, pods = self.len(), "pod view synced");
+                Ok(event) => {
+                    self.event(&event);
+                    if matches!(event, watcher::Event::InitDone) {
+                        tracing::debug!(node = %node_name, pods = self.len(), "pod view synced");
+                    }
                 }
-                Ok(watcher::Event::Apply(pod)) => self.apply(pod),
-                Ok(watcher::Event::Delete(pod)) => self.delete(&pod),
                 Err(error) => {
                     if self.is_synced() {
                         tracing::warn!(%error, node = %node_name, "pod watch failed; Allocate reads pods from the API server until it is back");

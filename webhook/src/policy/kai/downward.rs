@@ -22,7 +22,7 @@
 use std::collections::{HashMap, HashSet};
 
 use hami_shared::container::{LimitsBuilder, PlanWarning};
-use hami_shared::limits_file::{LimitsFile, LimitsFileError};
+use hami_shared::limits_file::{GpuFraction, LimitsFile, LimitsFileError, NodeGpusPath};
 use hami_shared::names::{ANNOTATION_LIMIT_DELIVERY, OVERRIDE_ENV_PATH};
 use hami_shared::values::{LimitDelivery, MemoryLimitMib};
 use serde_json::Value;
@@ -68,9 +68,9 @@ pub enum FileCap<'s> {
         /// The admission-time cap (the fraction of the smallest GPU the pod could land on).
         limit: MemoryLimitMib,
         /// The fraction, canonical (`0.25`).
-        fraction: &'s str,
+        fraction: &'s GpuFraction,
         /// The node GPU file's container path (`<kai.hookPath>/node-gpus`).
-        node_gpus: &'s str,
+        node_gpus: &'s NodeGpusPath,
     },
     /// No cap (`kai.missingBasis: warn`, no basis): `HAMI_UNCAPPED=<reason>`, for
     /// `hami-limits check` in the container to say so.
@@ -100,9 +100,9 @@ pub fn limits_file(
             node_gpus,
         } => {
             let _ = builder.memory_limit(None, limit);
-            // Validated by the caller; should either value be refused, neither key is written
-            // and the admission-time cap stands, with a warning.
-            builder.per_node_fraction(fraction, node_gpus).err()
+            // Both checked when they were made (typed): nothing to refuse here.
+            builder.per_node(fraction.clone(), node_gpus.clone());
+            None
         }
         FileCap::Uncapped(reason) => builder.uncapped(reason.as_str()).err(),
     };

@@ -23,7 +23,7 @@ pub mod select;
 pub mod settings;
 
 use hami_preload_core::fraction::MAX_PLACES;
-use hami_shared::limits_file::project_value_problem;
+use hami_shared::limits_file::{GpuFraction, LimitsFileError, NodeGpusPath};
 use hami_shared::names::{ENV_HAMI_GPU_FRACTION, ENV_HAMI_NODE_GPUS, NODE_GPUS_FILE};
 use hami_shared::values::LimitDelivery;
 
@@ -192,7 +192,7 @@ fn per_node_keys(
     m: &mut PodMutation<'_, '_>,
     fraction: &quantity::Fraction,
     hook_path: &str,
-) -> Option<(String, String)> {
+) -> Option<(GpuFraction, NodeGpusPath)> {
     let hook = crate::wire::mountpath::resolve(hook_path);
     let node_gpus = format!("{}/{NODE_GPUS_FILE}", hook.trim_end_matches('/'));
     let Some(canonical) = fraction.canonical() else {
@@ -201,11 +201,18 @@ fn per_node_keys(
         ));
         return None;
     };
-    if let Some(problem) = project_value_problem(ENV_HAMI_NODE_GPUS, &node_gpus) {
-        m.warn(format!(
-            "kai.hookPath {hook_path:?}: the node GPU file's path {node_gpus:?} is {problem}; the limits files carry the admission-time cap only (no {ENV_HAMI_GPU_FRACTION}, {ENV_HAMI_NODE_GPUS})"
-        ));
-        return None;
-    }
-    Some((canonical, node_gpus))
+    let path = match NodeGpusPath::new(&node_gpus) {
+        Ok(path) => path,
+        Err(e) => {
+            let problem = match e {
+                LimitsFileError::UnsafeValue { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            m.warn(format!(
+                "kai.hookPath {hook_path:?}: the node GPU file's path {node_gpus:?} is {problem}; the limits files carry the admission-time cap only (no {ENV_HAMI_GPU_FRACTION}, {ENV_HAMI_NODE_GPUS})"
+            ));
+            return None;
+        }
+    };
+    Some((canonical, path))
 }

@@ -13,6 +13,8 @@
 
 use std::fmt;
 
+use hami_shared::limits_file::GpuFraction;
+
 /// Why a `gpu-memory` or `gpu-fraction` value is refused. `Display` says what is wrong and what
 /// would be accepted; the caller prefixes the pod and annotation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,11 +130,8 @@ impl Fraction {
     /// most [`hami_preload_core::fraction::MAX_PLACES`] places; `None` otherwise (the
     /// admission-time cap then stands alone).
     #[must_use]
-    pub fn canonical(&self) -> Option<String> {
-        let text = self.to_string();
-        hami_preload_core::fraction::parse_canonical(text.as_bytes())
-            .is_some()
-            .then_some(text)
+    pub fn canonical(&self) -> Option<GpuFraction> {
+        GpuFraction::new(&self.to_string()).ok()
     }
 }
 
