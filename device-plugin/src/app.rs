@@ -13,23 +13,23 @@ use crate::allocation::mig::MigAllocate;
 use crate::allocation::pod_lookup::cache::PodCache;
 use crate::allocation::pod_lookup::locator::KubePendingPod;
 use crate::allocation::{collector, executor};
-use crate::api;
 use crate::cli::{RunArgs, SourceArgs};
-use crate::devices::{
+use crate::gpu::devices::{
     AdvertiseSettings, Advertised, DeviceTable, MigLayoutError, NoGpuError, SkippedGpu, advertise,
 };
-use crate::health::HealthCheckPolicy;
-use crate::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
-use crate::metrics::Metrics;
-use crate::mig::MigStrategy;
-use crate::node_register::{self, ANNOTATION_NODE_NVIDIA_REGISTER, NodeRegisterConfig};
-use crate::nvml::NvmlInventory;
-use crate::plugin::{self, Lifecycle, LifecycleError};
-use crate::service::{
+use crate::gpu::health::HealthCheckPolicy;
+use crate::gpu::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
+use crate::gpu::mig::MigStrategy;
+use crate::gpu::nvml::NvmlInventory;
+use crate::gpu::topology;
+use crate::kubelet::api;
+use crate::kubelet::plugin::{self, Lifecycle, LifecycleError};
+use crate::kubelet::service::{
     AllocateHandler, NoPendingPod, PendingPodDevices, SharedState, spawn_health_updates_all,
 };
+use crate::metrics::Metrics;
+use crate::node_register::{self, ANNOTATION_NODE_NVIDIA_REGISTER, NodeRegisterConfig};
 use crate::settings::{PluginSettings, SettingsError};
-use crate::topology;
 use hami_ops::Readiness;
 
 /// Why the binary stops with an error.
@@ -87,10 +87,10 @@ pub enum AppError {
     MetricsListen(String),
     /// `plan` failed.
     #[error(transparent)]
-    Plan(#[from] crate::allocation::dry_run::DryRunError),
+    Plan(#[from] crate::commands::plan::DryRunError),
     /// `install-hook` failed.
     #[error(transparent)]
-    InstallHook(#[from] crate::install_hook::InstallHookError),
+    InstallHook(#[from] crate::commands::install_hook::InstallHookError),
     /// `ENABLE_TOPOLOGY_SCORE=true` but the links between GPUs cannot be read.
     #[error(
         "{}=true: cannot read how the GPUs are linked: {source}",
@@ -114,7 +114,7 @@ impl AppError {
             | Self::BadDuration { .. }
             | Self::Allocation(_)
             | Self::MetricsListen(_)
-            | Self::Plan(crate::allocation::dry_run::DryRunError::Config(_)) => 2,
+            | Self::Plan(crate::commands::plan::DryRunError::Config(_)) => 2,
             Self::InstallHook(e) => e.exit_code(),
             _ => 1,
         }
@@ -459,7 +459,7 @@ pub async fn run_with_options(
     }
     if policy.all_disabled() {
         tracing::warn!(
-            env = crate::health::ENV_DISABLE_HEALTHCHECKS,
+            env = crate::gpu::health::ENV_DISABLE_HEALTHCHECKS,
             "GPU health checks disabled"
         );
     }
@@ -892,7 +892,7 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         tracing::warn!(
             "no API server (--skip-node-register): Allocate answers NVIDIA_VISIBLE_DEVICES only, without limits"
         );
-        return Ok(Arc::new(crate::service::VisibleDevicesOnly));
+        return Ok(Arc::new(crate::kubelet::service::VisibleDevicesOnly));
     };
     tracing::info!(
         hook_path = %settings.hook_path.display(),

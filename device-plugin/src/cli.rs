@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand};
 pub use hami_ops::LogFormat;
 
 use crate::allocation::device_list::settings::DeviceListArgs;
-use crate::api;
+use crate::kubelet::api;
 
 /// hami-device-plugin: kubelet device plugin for GPUs shared through HAMi-core.
 #[derive(Debug, Parser)]
@@ -115,7 +115,7 @@ pub enum Command {
     /// entries (delivery mode and source, envs, mounts, device specs, CDI annotations and
     /// devices, limits-file text) under the device list settings given (HAMi's variables, as for
     /// `run`); `--write` also publishes the files.
-    Plan(crate::allocation::dry_run::PlanArgs),
+    Plan(crate::commands::plan::PlanArgs),
     /// Install HAMi-core and the preload library into HOOK/vgpu, with a generated ld.so.preload,
     /// and publish the node GPU file HOOK/vgpu/node-gpus.
     ///
@@ -175,7 +175,7 @@ pub enum Command {
     /// withdrawn node-gpus. Exit status: 0 on success, 2 for an invalid --hook-path, 1 for any
     /// other failure (the message names the path or the GPU).
     #[command(verbatim_doc_comment)]
-    InstallHook(crate::install_hook::InstallHookArgs),
+    InstallHook(crate::commands::install_hook::InstallHookArgs),
 }
 
 impl Command {
@@ -219,7 +219,7 @@ pub struct SourceArgs {
     #[arg(long = "node-config", env = "HAMI_NODE_CONFIG", value_name = "FILE")]
     pub node_config: Option<PathBuf>,
     /// YAML list of GPUs instead of NVML, for machines without NVIDIA GPUs.
-    #[arg(long, env = crate::inventory::ENV_INVENTORY, value_name = "FILE")]
+    #[arg(long, env = crate::gpu::inventory::ENV_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
     /// This node's name (downward API `spec.nodeName`).
     #[arg(long = "node-name", env = "HAMI_NODE_NAME")]
@@ -234,19 +234,19 @@ pub struct SourceArgs {
     /// HAMi-core.
     #[arg(
         long = "mig-strategy",
-        env = crate::mig::ENV_MIG_STRATEGY,
+        env = crate::gpu::mig::ENV_MIG_STRATEGY,
         default_value = "none",
         value_parser = parse_mig_strategy,
         value_name = "STRATEGY"
     )]
-    pub mig_strategy: crate::mig::MigStrategy,
+    pub mig_strategy: crate::gpu::mig::MigStrategy,
     /// Publish `hami.io/node-nvidia-score` (GPU-pair NVLink/PCIe scores for HAMi's
     /// topology-aware scheduler policy): `true` or `false`, HAMi's variable and spelling (HAMi's
     /// chart sets `true` when `scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy` is
     /// `topology-aware`). The flag alone means `true`.
     #[arg(
         long = "enable-topology-score",
-        env = crate::topology::ENV_ENABLE_TOPOLOGY_SCORE,
+        env = crate::gpu::topology::ENV_ENABLE_TOPOLOGY_SCORE,
         value_name = "BOOL",
         num_args = 0..=1,
         default_value = "false",
@@ -257,9 +257,9 @@ pub struct SourceArgs {
 }
 
 /// An empty value (a variable set to "") is the default, as urfave/cli reads HAMi's variables.
-fn parse_mig_strategy(value: &str) -> Result<crate::mig::MigStrategy, String> {
+fn parse_mig_strategy(value: &str) -> Result<crate::gpu::mig::MigStrategy, String> {
     if value.is_empty() {
-        return Ok(crate::mig::MigStrategy::default());
+        return Ok(crate::gpu::mig::MigStrategy::default());
     }
     value.parse()
 }
@@ -272,7 +272,7 @@ fn parse_topology_score(value: &str) -> Result<bool, String> {
         "false" | "" => Ok(false),
         other => Err(format!(
             "{}={other:?} is not one of: true, false",
-            crate::topology::ENV_ENABLE_TOPOLOGY_SCORE
+            crate::gpu::topology::ENV_ENABLE_TOPOLOGY_SCORE
         )),
     }
 }
@@ -349,11 +349,11 @@ pub struct GpuRunArgs {
     pub fail_on_init_error: bool,
     /// `all` (or `xids`) turns the Xid health checks off; else Xids (comma-separated) that do
     /// not make a GPU unhealthy, beyond the application Xids 13, 31, 43, 45, 68, 109.
-    #[arg(long = "disable-healthchecks", env = crate::health::ENV_DISABLE_HEALTHCHECKS, value_name = "XIDS")]
+    #[arg(long = "disable-healthchecks", env = crate::gpu::health::ENV_DISABLE_HEALTHCHECKS, value_name = "XIDS")]
     pub disable_healthchecks: Option<String>,
     /// Xids (comma-separated, or `all`) that make a GPU unhealthy even when ignored by default
     /// or by DP_DISABLE_HEALTHCHECKS.
-    #[arg(long = "enable-healthchecks", env = crate::health::ENV_ENABLE_HEALTHCHECKS, value_name = "XIDS")]
+    #[arg(long = "enable-healthchecks", env = crate::gpu::health::ENV_ENABLE_HEALTHCHECKS, value_name = "XIDS")]
     pub enable_healthchecks: Option<String>,
 }
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use hami_device_plugin::app::{self, AppError};
 use hami_device_plugin::cli::{Cli, Command};
-use hami_device_plugin::install_hook::NodeGpusReport;
+use hami_device_plugin::commands::install_hook::NodeGpusReport;
 
 fn print_json(value: &impl serde::Serialize) {
     match serde_json::to_string_pretty(value) {
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
                     print!("{}", app::render_report(&report));
                 }
             }),
-            Command::Plan(args) => hami_device_plugin::allocation::dry_run::run_plan(&args)
+            Command::Plan(args) => hami_device_plugin::commands::plan::run_plan(&args)
                 .map_err(AppError::from)
                 .map(|report| {
                     for note in &report.notes {
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
                     }
                     print_json(&report);
                 }),
-            Command::InstallHook(args) => hami_device_plugin::install_hook::install_hook(&args)
+            Command::InstallHook(args) => hami_device_plugin::commands::install_hook::install_hook(&args)
                 .map_err(AppError::from)
                 .map(|report| {
                     if report.removed_temporaries > 0 {

@@ -10,8 +10,8 @@ use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::devices::DeviceTable;
-use crate::inventory::Gpu;
+use crate::gpu::devices::DeviceTable;
+use crate::gpu::inventory::Gpu;
 
 pub use hami_shared::names::ANNOTATION_NODE_NVIDIA_REGISTER;
 /// HAMi's device mode for GPUs shared through HAMi-core.
@@ -198,7 +198,7 @@ pub async fn run_node_register_observed(
         let mut annotations = vec![(ANNOTATION_NODE_NVIDIA_REGISTER, desired.as_str())];
         if let Some(score) = &config.score {
             annotations.push((
-                crate::topology::ANNOTATION_NODE_NVIDIA_SCORE,
+                crate::gpu::topology::ANNOTATION_NODE_NVIDIA_SCORE,
                 score.as_str(),
             ));
         }
@@ -227,7 +227,7 @@ pub async fn run_node_register_observed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inventory::DeviceFilter;
+    use crate::gpu::inventory::DeviceFilter;
 
     fn gpu(uuid: &str, index: u32, name: &str, mib: u64) -> Gpu {
         Gpu {

@@ -9,7 +9,7 @@ use hami_shared::config::{
     OperatingMode,
 };
 
-use crate::inventory::DeviceFilter;
+use crate::gpu::inventory::DeviceFilter;
 use crate::node_register::Scaling;
 
 /// Reads a configuration file (the contract crate parses text and does no I/O).

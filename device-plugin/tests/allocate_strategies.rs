@@ -14,8 +14,10 @@ use hami_device_plugin::allocation::device_list::{ImexChannel, NodeDevices};
 use hami_device_plugin::allocation::plan::{
     AllocationSettings, HostProbe, PlanError, plan_container,
 };
-use hami_device_plugin::api::v1beta1::{CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount};
-use hami_device_plugin::inventory::Gpu;
+use hami_device_plugin::gpu::inventory::Gpu;
+use hami_device_plugin::kubelet::api::v1beta1::{
+    CdiDevice, ContainerAllocateResponse, DeviceSpec, Mount,
+};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 

@@ -130,7 +130,7 @@ fn a_bad_inventory_file_is_named_with_the_problem() {
 
 #[test]
 fn without_nvml_the_error_says_what_to_do() {
-    if hami_device_plugin::nvml::NvmlInventory::init().is_ok() {
+    if hami_device_plugin::gpu::nvml::NvmlInventory::init().is_ok() {
         // A GPU machine: NVML works, the plain command must too.
         let out = plugin().args(["inventory", "--json"]).output().unwrap();
         assert!(
@@ -628,7 +628,7 @@ fn without_a_usable_gpu_the_plugin_waits_and_stops_cleanly() {
 /// waits like a node without GPUs, as HAMi's `getResourceManagers`.
 #[test]
 fn fail_on_init_error_decides_between_exiting_and_waiting_without_nvml() {
-    let nvml = hami_device_plugin::nvml::NvmlInventory::init().is_ok();
+    let nvml = hami_device_plugin::gpu::nvml::NvmlInventory::init().is_ok();
     if !nvml {
         let out = plugin()
             .args(["run", "--skip-node-register", "--metrics-listen", "off"])

@@ -8,13 +8,13 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hami_device_plugin::install_hook::{
+use hami_device_plugin::commands::install_hook::{
     EntryKind, FileSource, FoundEntry, GpuListing, GpuSource, InstallHookArgs, InstallHookError,
     InstallPlan, InstallReport, NoNodeGpus, NodeGpusPlan, NodeGpusReport, Outcome, execute,
     install_hook, ld_so_preload_contents, normalise_hook_path, plan_install,
 };
-use hami_device_plugin::inventory::{Gpu, GpuInventory, parse_inventory};
-use hami_device_plugin::nvml::NvmlInventory;
+use hami_device_plugin::gpu::inventory::{Gpu, GpuInventory, parse_inventory};
+use hami_device_plugin::gpu::nvml::NvmlInventory;
 use hami_shared::publish::PUBLISHED_MODE;
 
 /// Bytes that pass for a shared object: the ELF magic, then `tag`.
@@ -758,7 +758,7 @@ fn a_failure_after_a_library_leaves_no_list_naming_a_missing_library() {
 #[test]
 fn execute_runs_a_plan_made_from_a_scan() {
     let s = Setup::new(&[("libvgpu.so.v2.10.0", &elf("core"))]);
-    let scan = hami_device_plugin::install_hook::scan_dir(&s.core()).unwrap();
+    let scan = hami_device_plugin::commands::install_hook::scan_dir(&s.core()).unwrap();
     assert_eq!(scan.len(), 1);
     assert_eq!(scan[0].kind, EntryKind::File);
     assert!(!scan[0].symlink);
@@ -1338,7 +1338,7 @@ fn a_run_without_gpus_removes_the_node_file_of_an_earlier_run() {
     // its place is removed too, not followed).
     fs::write(s.tmp.path().join("elsewhere"), TWO_GPUS_FILE).unwrap();
     symlink(s.tmp.path().join("elsewhere"), s.node_file()).unwrap();
-    let scan = hami_device_plugin::install_hook::scan_dir(&s.core()).unwrap();
+    let scan = hami_device_plugin::commands::install_hook::scan_dir(&s.core()).unwrap();
     let plan = plan_install(
         &scan,
         &s.core(),

@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::Command;
 
 use hami_device_plugin::allocation::mig::{MigAllocate, mig_container_response};
-use hami_device_plugin::api::v1beta1;
-use hami_device_plugin::devices::{AdvertiseSettings, Advertised, advertise};
-use hami_device_plugin::inventory::{DeviceFilter, parse_inventory};
-use hami_device_plugin::mig::MigStrategy;
-use hami_device_plugin::service::AllocateHandler;
+use hami_device_plugin::gpu::devices::{AdvertiseSettings, Advertised, advertise};
+use hami_device_plugin::gpu::inventory::{DeviceFilter, parse_inventory};
+use hami_device_plugin::gpu::mig::MigStrategy;
+use hami_device_plugin::kubelet::api::v1beta1;
+use hami_device_plugin::kubelet::service::AllocateHandler;
 
 const BIN: &str = env!("CARGO_BIN_EXE_hami-device-plugin");
 

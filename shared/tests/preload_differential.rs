@@ -312,6 +312,15 @@ fn named_cases() {
             "40779m",
             Some(PerNode::Kept(Kept::NoVisibleGpu)),
         ),
+        (
+            // Found by the preload_differential fuzz target: a malformed line that quotes
+            // HAMI_LIMITS_FORMAT made the reference call the file valid.
+            "a malformed node file line naming HAMI_LIMITS_FORMAT",
+            Ok(b"HAMI_NODE_GPUS_FORMAT=1\nNVIDIAHAMI_LIMITS_FORMAT771\nNVIDIA3_UUID=GPU"),
+            visible(&[3]),
+            "40779m",
+            Some(PerNode::Kept(Kept::NodeFileInvalid)),
+        ),
     ];
     for (what, node_file, devices, want, per_node) in cases {
         let view = NodeView {

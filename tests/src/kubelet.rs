@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hami_device_plugin::api::{self, v1beta1};
+use hami_device_plugin::kubelet::api::{self, v1beta1};
 use tokio::net::UnixListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -461,21 +461,21 @@ impl PluginClient {
 #[derive(Debug)]
 pub struct RunningPlugin {
     /// The plugin's state (device table, options, handlers).
-    pub state: std::sync::Arc<hami_device_plugin::service::SharedState>,
+    pub state: std::sync::Arc<hami_device_plugin::kubelet::service::SharedState>,
     /// Where it serves.
-    pub lifecycle: hami_device_plugin::plugin::Lifecycle,
+    pub lifecycle: hami_device_plugin::kubelet::plugin::Lifecycle,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), hami_device_plugin::plugin::LifecycleError>>>,
+    task: Option<JoinHandle<Result<(), hami_device_plugin::kubelet::plugin::LifecycleError>>>,
 }
 
 impl RunningPlugin {
     /// Starts serving `state` as `lifecycle` says.
     pub fn start(
-        lifecycle: hami_device_plugin::plugin::Lifecycle,
-        state: std::sync::Arc<hami_device_plugin::service::SharedState>,
+        lifecycle: hami_device_plugin::kubelet::plugin::Lifecycle,
+        state: std::sync::Arc<hami_device_plugin::kubelet::service::SharedState>,
     ) -> Self {
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(hami_device_plugin::plugin::serve(
+        let task = tokio::spawn(hami_device_plugin::kubelet::plugin::serve(
             lifecycle.clone(),
             state.clone(),
             async {
@@ -491,7 +491,9 @@ impl RunningPlugin {
     }
 
     /// Stops it (as SIGTERM does) and returns the lifecycle's result.
-    pub async fn shutdown(mut self) -> Result<(), hami_device_plugin::plugin::LifecycleError> {
+    pub async fn shutdown(
+        mut self,
+    ) -> Result<(), hami_device_plugin::kubelet::plugin::LifecycleError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hami_device_plugin::app::{AppError, RunContext, RunOptions};
 use hami_device_plugin::cli::{Cli, Command, RunArgs};
-use hami_device_plugin::service::{AllocateHandler, VisibleDevicesOnly};
+use hami_device_plugin::kubelet::service::{AllocateHandler, VisibleDevicesOnly};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

@@ -38,7 +38,9 @@ fn assert_check_clean(bytes: &[u8]) {
     );
 }
 
-fn envs(r: &hami_device_plugin::api::v1beta1::ContainerAllocateResponse) -> HashMap<&str, &str> {
+fn envs(
+    r: &hami_device_plugin::kubelet::api::v1beta1::ContainerAllocateResponse,
+) -> HashMap<&str, &str> {
     r.envs
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))

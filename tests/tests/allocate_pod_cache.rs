@@ -243,9 +243,9 @@ async fn the_pod_the_node_lock_names_comes_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_call_leaves_no_claim_behind() {
     use hami_device_plugin::allocation::executor::Allocator;
-    use hami_device_plugin::devices::DeviceTable;
-    use hami_device_plugin::inventory::{DeviceFilter, FileInventory, GpuInventory};
-    use hami_device_plugin::service::AllocateHandler;
+    use hami_device_plugin::gpu::devices::DeviceTable;
+    use hami_device_plugin::gpu::inventory::{DeviceFilter, FileInventory, GpuInventory};
+    use hami_device_plugin::kubelet::service::AllocateHandler;
 
     let h = Harness::start_with(PodView::Watch, settings).await;
     // A second allocator on the same cache and API server, called directly so that the test
@@ -256,10 +256,12 @@ async fn a_cancelled_call_leaves_no_claim_behind() {
         .discover()
         .unwrap();
     let (table, _) = DeviceTable::build(gpus, &DeviceFilter::default(), 10, false).unwrap();
-    let request = |id: &str| hami_device_plugin::api::v1beta1::AllocateRequest {
-        container_requests: vec![hami_device_plugin::api::v1beta1::ContainerAllocateRequest {
-            devices_ids: vec![id.to_owned()],
-        }],
+    let request = |id: &str| hami_device_plugin::kubelet::api::v1beta1::AllocateRequest {
+        container_requests: vec![
+            hami_device_plugin::kubelet::api::v1beta1::ContainerAllocateRequest {
+                devices_ids: vec![id.to_owned()],
+            },
+        ],
     };
     for (i, micros) in [0u64, 50, 200, 500, 1000, 1500, 2000, 3000, 5000]
         .into_iter()

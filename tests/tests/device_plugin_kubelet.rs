@@ -9,14 +9,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_device_plugin::devices::DeviceTable;
-use hami_device_plugin::health::{
+use hami_device_plugin::gpu::devices::DeviceTable;
+use hami_device_plugin::gpu::health::{
     HealthCheckPolicy, HealthWatch, Registration as Watched, Wait, XidEvent, XidEventSource,
     watch_xids,
 };
-use hami_device_plugin::inventory::{DeviceFilter, FileInventory, Gpu, GpuInventory};
-use hami_device_plugin::plugin::Lifecycle;
-use hami_device_plugin::service::{
+use hami_device_plugin::gpu::inventory::{DeviceFilter, FileInventory, Gpu, GpuInventory};
+use hami_device_plugin::kubelet::plugin::Lifecycle;
+use hami_device_plugin::kubelet::service::{
     NoPendingPod, PendingPodDevices, SharedState, VisibleDevicesOnly, spawn_health_updates,
 };
 use hami_tests::kubelet::{FakeKubelet, Registration, RunningPlugin};
@@ -67,7 +67,7 @@ fn file_gpus(dir: &Path) -> Vec<Gpu> {
 /// The GPUs for the registration test: NVML when HAMI_TEST_NVML=1, else the inventory file.
 fn gpus_for_registration(dir: &Path) -> (Vec<Gpu>, &'static str) {
     if std::env::var("HAMI_TEST_NVML").is_ok_and(|v| v == "1") {
-        let nvml = hami_device_plugin::nvml::NvmlInventory::init()
+        let nvml = hami_device_plugin::gpu::nvml::NvmlInventory::init()
             .expect("HAMI_TEST_NVML=1 but NVML is unavailable");
         (nvml.discover().unwrap(), "nvml")
     } else {
@@ -307,7 +307,7 @@ impl XidEventSource for FakeNvmlEvents {
     }
 }
 
-fn health_of(list: &[hami_device_plugin::api::v1beta1::Device]) -> Vec<(String, String)> {
+fn health_of(list: &[hami_device_plugin::kubelet::api::v1beta1::Device]) -> Vec<(String, String)> {
     list.iter()
         .map(|d| (d.id.clone(), d.health.clone()))
         .collect()

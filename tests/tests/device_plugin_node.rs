@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use hami_device_plugin::cli::{Cli, Command};
-use hami_device_plugin::devices::DeviceTable;
-use hami_device_plugin::inventory::{DeviceFilter, Gpu};
+use hami_device_plugin::gpu::devices::DeviceTable;
+use hami_device_plugin::gpu::inventory::{DeviceFilter, Gpu};
 use hami_device_plugin::node_register::{
     ANNOTATION_NODE_NVIDIA_REGISTER, MODE_HAMI_CORE, NodeRegisterConfig, Scaling,
     register_annotation, run_node_register,
@@ -391,7 +391,8 @@ async fn the_run_command_publishes_the_topology_score_and_numa() {
     loop {
         let node: Node = server.get(None, NODE).unwrap().unwrap();
         let annotations = node.metadata.annotations.unwrap_or_default();
-        let score = annotations.get(hami_device_plugin::topology::ANNOTATION_NODE_NVIDIA_SCORE);
+        let score =
+            annotations.get(hami_device_plugin::gpu::topology::ANNOTATION_NODE_NVIDIA_SCORE);
         if score.map(String::as_str) == Some(want) {
             assert!(annotations.contains_key(ANNOTATION_NODE_NVIDIA_REGISTER));
             break;

@@ -12,7 +12,7 @@
 //! - the device config (`nvidia:`) and node config (`nodeconfig[]`) keys: `NvidiaConfig` and
 //!   `NodeConfigEntry` serialized, plus every `rename = "…"` / `alias = "…"` of
 //!   `shared/src/config.rs` read as text (aliases do not serialize);
-//! - the inventory file's keys: the fields of `FileGpu` in `device-plugin/src/inventory.rs`
+//! - the inventory file's keys: the fields of `FileGpu` in `device-plugin/src/gpu/inventory.rs`
 //!   (private, so read as text, camelCased as its serde attribute says) against the example;
 //! - the chart values: every leaf of `charts/hami-limits/values.yaml` (maps of data such as
 //!   `nodeSelector` are one value, as `charts/tests/render.py` counts them) against the values
@@ -348,7 +348,7 @@ fn device_plugin_flags_and_environment() {
     ];
     let tables: Vec<(&str, String)> = titles.iter().map(|t| (*t, sec(&doc, t))).collect();
     let mut extra = BTreeSet::from([
-        hami_device_plugin::health::ENV_DISABLE_HEALTHCHECKS.to_owned(),
+        hami_device_plugin::gpu::health::ENV_DISABLE_HEALTHCHECKS.to_owned(),
         "RUST_LOG".to_owned(),
     ]);
     let mut problems = Vec::new();
@@ -373,14 +373,14 @@ fn device_plugin_flags_and_environment() {
     for name in &extra {
         if name != "RUST_LOG" && !all.contains(&format!("`{name}`")) {
             problems.push(format!(
-                "`{name}` (read by hami-device-plugin: device-plugin/src/nvml.rs, cli.rs) is not in {DOC}, \"hami-device-plugin\""
+                "`{name}` (read by hami-device-plugin: device-plugin/src/gpu/nvml.rs, cli.rs) is not in {DOC}, \"hami-device-plugin\""
             ));
         }
     }
     problems.extend(check_command_line(
         "hami-device-plugin",
         &hami_device_plugin::cli::Cli::command(),
-        "device-plugin/src/cli.rs and the argument groups it flattens (allocation/dry_run.rs `PlanArgs`, install_hook.rs `InstallHookArgs`)",
+        "device-plugin/src/cli.rs and the argument groups it flattens (commands/plan.rs `PlanArgs`, commands/install_hook `InstallHookArgs`)",
         &tables,
         &extra,
         Some(1),
@@ -485,7 +485,7 @@ fn camel(snake: &str) -> String {
 fn inventory_file_keys() {
     let doc = doc();
     let text = sec(&doc, "Inventory file (machines without NVIDIA GPUs)");
-    let source = read("device-plugin/src/inventory.rs");
+    let source = read("device-plugin/src/gpu/inventory.rs");
     let start = source
         .find("struct FileGpu {")
         .expect("struct FileGpu in inventory.rs");
@@ -518,7 +518,7 @@ fn inventory_file_keys() {
     let problems = compare(
         &code,
         &listed,
-        "device-plugin/src/inventory.rs (`FileGpu`)",
+        "device-plugin/src/gpu/inventory.rs (`FileGpu`)",
         "\"Inventory file\" (the example)",
     );
     report("inventory file", &problems);

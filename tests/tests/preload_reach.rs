@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_device_plugin::allocation::dry_run::{PlanArgs, run_plan};
-use hami_device_plugin::install_hook::{InstallHookArgs, install_hook};
+use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
+use hami_device_plugin::commands::plan::{PlanArgs, run_plan};
 use hami_webhook::policy::kai::KaiSettings;
 use hami_webhook::policy::settings::Settings;
 use hami_webhook::{Decision, decide_pod};

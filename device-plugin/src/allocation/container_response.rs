@@ -29,8 +29,8 @@ pub fn mount(container_path: impl Into<String>, host_path: &Path, read_only: boo
 
 impl PlannedMount {
     /// The kubelet message.
-    pub fn to_api(&self) -> crate::api::v1beta1::Mount {
-        crate::api::v1beta1::Mount {
+    pub fn to_api(&self) -> crate::kubelet::api::v1beta1::Mount {
+        crate::kubelet::api::v1beta1::Mount {
             container_path: self.container_path.clone(),
             host_path: self.host_path.clone(),
             read_only: self.read_only,
@@ -57,8 +57,8 @@ pub struct PlannedDeviceSpec {
 
 impl PlannedDeviceSpec {
     /// The kubelet message.
-    pub fn to_api(&self) -> crate::api::v1beta1::DeviceSpec {
-        crate::api::v1beta1::DeviceSpec {
+    pub fn to_api(&self) -> crate::kubelet::api::v1beta1::DeviceSpec {
+        crate::kubelet::api::v1beta1::DeviceSpec {
             container_path: self.container_path.clone(),
             host_path: self.host_path.clone(),
             permissions: self.permissions.clone(),

@@ -15,9 +15,9 @@ use tonic::Status;
 
 use super::container_response::{PlannedDeviceSpec, PlannedMount};
 use super::device_list::{self, DeviceListError, DeviceListSettings, NodeDevices};
-use crate::api::v1beta1;
-use crate::devices::DeviceTable;
-use crate::service::{AllocateHandler, ENV_NVIDIA_VISIBLE_DEVICES};
+use crate::gpu::devices::DeviceTable;
+use crate::kubelet::api::v1beta1;
+use crate::kubelet::service::{AllocateHandler, ENV_NVIDIA_VISIBLE_DEVICES};
 
 /// The MIG UUIDs of one container request, in request order, each once. A device ID that is not
 /// one of this resource's MIG devices is an `InvalidArgument` naming it (HAMi: "unknown

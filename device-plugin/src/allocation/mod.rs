@@ -9,12 +9,11 @@
 //! - [`device_list`]: how the container learns its devices (device list and ID strategies,
 //!   device specs, CDI, GDS/MOFED/GDRCopy, IMEX), pure, under HAMi's setting names;
 //! - [`container_response`]: the mounts and device specs both of them build;
-//! - [`executor`]: [`executor::Allocator`], the [`crate::service::AllocateHandler`];
+//! - [`executor`]: [`executor::Allocator`], the [`crate::kubelet::service::AllocateHandler`];
 //! - [`hook`]: the hook folder (which file is HAMi-core; does a plan get every file its
 //!   `ld.so.preload` names);
 //! - [`collector`]: removal of dead pods' directories and limits files;
 //! - [`config`]: the settings the plan needs, from the device and node config files;
-//! - [`dry_run`]: `hami-device-plugin plan`;
 //! - [`mig`]: `Allocate` for static MIG devices (no HAMi-core).
 
 pub mod codec;
@@ -22,7 +21,6 @@ pub mod collector;
 pub mod config;
 pub mod container_response;
 pub mod device_list;
-pub mod dry_run;
 pub mod executor;
 pub mod hook;
 pub mod mig;

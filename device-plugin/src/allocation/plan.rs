@@ -678,8 +678,8 @@ pub fn plan_pod(
 
 impl AllocationPlan {
     /// The kubelet answer for this container.
-    pub fn response(&self) -> crate::api::v1beta1::ContainerAllocateResponse {
-        crate::api::v1beta1::ContainerAllocateResponse {
+    pub fn response(&self) -> crate::kubelet::api::v1beta1::ContainerAllocateResponse {
+        crate::kubelet::api::v1beta1::ContainerAllocateResponse {
             envs: self.envs.clone().into_iter().collect(),
             mounts: self.mounts.iter().map(PlannedMount::to_api).collect(),
             devices: self
@@ -691,7 +691,7 @@ impl AllocationPlan {
             cdi_devices: self
                 .cdi_devices
                 .iter()
-                .map(|name| crate::api::v1beta1::CdiDevice { name: name.clone() })
+                .map(|name| crate::kubelet::api::v1beta1::CdiDevice { name: name.clone() })
                 .collect(),
         }
     }

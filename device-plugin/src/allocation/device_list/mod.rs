@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::container_response::{PlannedDeviceSpec, PlannedMount};
-use crate::inventory::Gpu;
+use crate::gpu::inventory::Gpu;
 
 /// The device list variable (HAMi's `deviceListEnvVar`).
 pub const ENV_NVIDIA_VISIBLE_DEVICES: &str = hami_shared::names::ENV_NVIDIA_VISIBLE_DEVICES;

@@ -14,7 +14,7 @@
 //!    when no NVIDIA entry is left — and carries the pod's `resourceVersion`, so the API server
 //!    accepts it only if the pod read was current: a stale cache can never cause a wrong
 //!    allocation. On 409 (or 404) the files are removed, the claim dropped, the pod read again
-//!    from the API server and the allocation redone ([`retry`], at most [`MAX_SELECT_ATTEMPTS`]
+//!    from the API server and the allocation redone ([`allocator`], at most [`MAX_SELECT_ATTEMPTS`]
 //!    times). Then the node lock is released (only if it still names this pod).
 //!
 //! Any other failure after the pod is found fails the allocation: gRPC error, `hami.io/bind-phase:
@@ -22,10 +22,10 @@
 //! from this call left on disk. The pod is never marked `success` before its files are durable.
 //! Where the time goes is told by `tracing` spans ([`timing`]).
 
+pub mod allocator;
 pub mod claims;
 pub mod disk;
 pub mod pod_api;
-pub mod retry;
 pub mod timing;
 
 use std::sync::Arc;
@@ -33,25 +33,25 @@ use std::sync::Arc;
 use tonic::Status;
 use tracing::instrument::WithSubscriber as _;
 
+pub use allocator::MAX_SELECT_ATTEMPTS;
 pub use disk::{
     CONTAINER_DIR_MODE, DiskError, LOCK_DIR_MODE, Written, ensure_lock_dir, execute_plan,
     sweep_containers_dir,
 };
-pub use retry::MAX_SELECT_ATTEMPTS;
 pub use timing::{AllocateTiming, TimingLog};
 
 use crate::allocation::plan::AllocationSettings;
 use crate::allocation::pod_lookup::cache::PodCache;
-use crate::api::v1beta1;
-use crate::devices::DeviceTable;
+use crate::gpu::devices::DeviceTable;
+use crate::kubelet::api::v1beta1;
+use crate::kubelet::service::AllocateHandler;
 use crate::metrics::Metrics;
-use crate::service::AllocateHandler;
 
 /// The `Allocate` handler of hami-limits. Each call runs as its own task, so that a call whose
 /// kubelet went away (its gRPC future dropped) still runs to a definite end: files and pod agree,
 /// and its claim is settled.
 pub struct Allocator {
-    core: Arc<retry::Core>,
+    core: Arc<allocator::Core>,
     /// Where the calls report their spans instead of the process's subscriber (timings).
     dispatch: Option<tracing::Dispatch>,
 }
@@ -78,14 +78,14 @@ impl Allocator {
             Err(error) => tracing::warn!(%error, "cannot sweep the containers directory"),
         }
         Self {
-            core: Arc::new(retry::Core::new(client, node_name.into(), settings)),
+            core: Arc::new(allocator::Core::new(client, node_name.into(), settings)),
             dispatch: None,
         }
     }
 
     /// The shared part, to set up before the first call (an `Allocator` is not `Clone`; only a
     /// running call shares it).
-    fn setup(&mut self, f: impl FnOnce(&mut retry::Core)) {
+    fn setup(&mut self, f: impl FnOnce(&mut allocator::Core)) {
         match Arc::get_mut(&mut self.core) {
             Some(core) => f(core),
             None => tracing::warn!("allocator set up after its first call; setting ignored"),

@@ -23,7 +23,7 @@ use tonic::Status;
 
 use super::cache::PodCache;
 use super::pod::{Candidate, is_pending_here, lock_holder, lock_names};
-use crate::service::PendingPodDevices;
+use crate::kubelet::service::PendingPodDevices;
 use hami_shared::names::ANNOTATION_MUTEX_LOCK;
 
 /// The pod found, its devices decoded, and the node lock when it names the pod.

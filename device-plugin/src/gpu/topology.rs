@@ -3,8 +3,8 @@
 //! `true` (HAMi's chart sets it when `scheduler.defaultSchedulerPolicy.gpuSchedulerPolicy` is
 //! `topology-aware`).
 //!
-//! The links between GPUs come from NVML ([`crate::nvml::NvmlInventory`]) or from the inventory
-//! file's optional `links` ([`crate::inventory`]); the score is a pure function of them,
+//! The links between GPUs come from NVML ([`crate::gpu::nvml::NvmlInventory`]) or from the inventory
+//! file's optional `links` ([`crate::gpu::inventory`]); the score is a pure function of them,
 //! [`gpu_scores`], with the rules of HAMi v2.10 `pkg/device/nvidia/calculate_score.go`
 //! (`calculateGPUScore`, `calculateGPUPairScore`) and the annotation bytes of Go's `json.Marshal`
 //! of its `ListDeviceScore`.

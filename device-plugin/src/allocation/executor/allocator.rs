@@ -26,7 +26,7 @@ use crate::allocation::pod_lookup::locator::{
     LocateTrips, Located, Source, locate_with, node_lock,
 };
 use crate::allocation::pod_lookup::pod::{lock_holder, lock_names};
-use crate::api::v1beta1;
+use crate::kubelet::api::v1beta1;
 use crate::metrics::{AllocateOutcome, Metrics};
 
 /// Selections tried per `Allocate` call: the first may read the pod from the cache; the others

@@ -10,12 +10,12 @@ use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use super::config::{ConfigError, device_list_settings, load_allocation_settings};
-use super::device_list::NodeDevices;
-use super::device_list::settings::DeviceListArgs;
-use super::executor::disk::{DiskError, execute_plan, probe_host};
-use super::plan::{AllocationPlan, AllocationSettings, PlanError, plan_pod};
-use crate::inventory::{FileInventory, GpuInventory, InventoryError};
+use crate::allocation::config::{ConfigError, device_list_settings, load_allocation_settings};
+use crate::allocation::device_list::NodeDevices;
+use crate::allocation::device_list::settings::DeviceListArgs;
+use crate::allocation::executor::disk::{DiskError, execute_plan, probe_host};
+use crate::allocation::plan::{AllocationPlan, AllocationSettings, PlanError, plan_pod};
+use crate::gpu::inventory::{FileInventory, GpuInventory, InventoryError};
 
 /// `plan` flags.
 #[derive(Debug, Clone, Args)]
@@ -38,7 +38,7 @@ pub struct PlanArgs {
     pub hook_path: PathBuf,
     /// YAML list of GPUs instead of NVML (read only when a device list setting needs the
     /// node's GPUs: DEVICE_ID_STRATEGY=index, PASS_DEVICE_SPECS=true).
-    #[arg(long, env = crate::inventory::ENV_INVENTORY, value_name = "FILE")]
+    #[arg(long, env = crate::gpu::inventory::ENV_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
     /// Also create the directories and publish the limits files, as `run` would.
     #[arg(long)]
@@ -247,7 +247,7 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
         }
     }
     Ok(PlanReport {
-        pod: super::plan::pod_key(&pod),
+        pod: crate::allocation::plan::pod_key(&pod),
         node,
         settings,
         containers,
@@ -263,16 +263,17 @@ fn node_devices(
     args: &PlanArgs,
     settings: &AllocationSettings,
 ) -> Result<NodeDevices, DryRunError> {
-    let needed_by =
-        if settings.device_list.id_strategy == super::device_list::DeviceIdStrategy::Index {
-            "DEVICE_ID_STRATEGY=index"
-        } else {
-            "PASS_DEVICE_SPECS=true"
-        };
+    let needed_by = if settings.device_list.id_strategy
+        == crate::allocation::device_list::DeviceIdStrategy::Index
+    {
+        "DEVICE_ID_STRATEGY=index"
+    } else {
+        "PASS_DEVICE_SPECS=true"
+    };
     let wrap = |source| DryRunError::NodeDevices { needed_by, source };
     let gpus = match &args.inventory {
         Some(path) => FileInventory::new(path).discover().map_err(wrap)?,
-        None => crate::nvml::NvmlInventory::init()
+        None => crate::gpu::nvml::NvmlInventory::init()
             .and_then(|nvml| nvml.discover())
             .map_err(wrap)?,
     };

@@ -12,9 +12,9 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::api::{self, v1beta1};
+use crate::kubelet::api::{self, v1beta1};
+use crate::kubelet::service::{DevicePluginService, SharedState};
 use crate::metrics::{Metrics, ReregisterReason};
-use crate::service::{DevicePluginService, SharedState};
 use hami_ops::Readiness;
 
 /// Where and how the plugin meets kubelet.

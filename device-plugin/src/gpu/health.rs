@@ -2,7 +2,7 @@
 //! it: which Xids count ([`HealthCheckPolicy`], from `DP_DISABLE_HEALTHCHECKS` and
 //! `DP_ENABLE_HEALTHCHECKS`), and what an event, a failed registration or a failed wait does to
 //! the devices ([`watch_xids`]). The events come through [`XidEventSource`]: NVML in production
-//! ([`crate::nvml`]), a fake in tests. Health fails closed: an error marks devices unhealthy,
+//! ([`crate::gpu::nvml`]), a fake in tests. Health fails closed: an error marks devices unhealthy,
 //! it never ends the watch.
 
 use std::collections::BTreeMap;

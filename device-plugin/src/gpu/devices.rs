@@ -5,9 +5,8 @@
 
 use serde::Serialize;
 
-use crate::api::{self, v1beta1};
-use crate::inventory::{DeviceFilter, Gpu};
-use crate::mig::{MigProfile, MigStrategy, SINGLE_RESOURCE};
+use crate::gpu::inventory::{DeviceFilter, Gpu};
+use crate::gpu::mig::{MigProfile, MigStrategy, SINGLE_RESOURCE};
 /// Why a GPU found on the node is not advertised.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -144,38 +143,9 @@ impl DeviceTable {
         self.whole
     }
 
-    /// The list sent on `ListAndWatch`.
-    pub fn kubelet_devices(&self) -> Vec<v1beta1::Device> {
-        let mut devices = Vec::with_capacity(self.gpus.len() * self.split_count as usize);
-        for gpu in &self.gpus {
-            let health = if gpu.healthy {
-                api::HEALTHY
-            } else {
-                api::UNHEALTHY
-            };
-            let topology = match (self.numa_topology, gpu.numa_node) {
-                (true, Some(id)) => Some(v1beta1::TopologyInfo {
-                    nodes: vec![v1beta1::NumaNode { id }],
-                }),
-                _ => None,
-            };
-            if self.whole {
-                devices.push(v1beta1::Device {
-                    id: gpu.uuid.clone(),
-                    health: health.to_owned(),
-                    topology,
-                });
-                continue;
-            }
-            for share in 0..self.split_count {
-                devices.push(v1beta1::Device {
-                    id: device_id(&gpu.uuid, share),
-                    health: health.to_owned(),
-                    topology: topology.clone(),
-                });
-            }
-        }
-        devices
+    /// Whether kubelet devices carry their GPU's NUMA node.
+    pub fn numa_topology(&self) -> bool {
+        self.numa_topology
     }
 
     /// Sets the health of the entry with this UUID, or of every entry on the physical GPU with
@@ -279,7 +249,7 @@ pub struct MigLayoutError {
     pub message: String,
 }
 
-fn mig_entry(gpu: &Gpu, mig: &crate::inventory::MigDevice) -> (Gpu, String) {
+fn mig_entry(gpu: &Gpu, mig: &crate::gpu::inventory::MigDevice) -> (Gpu, String) {
     (
         Gpu {
             uuid: mig.uuid.clone(),

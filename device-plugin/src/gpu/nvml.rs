@@ -11,12 +11,12 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, EventSet, Nvml};
 use tokio::sync::mpsc;
 
-use crate::health::{
+use crate::gpu::health::{
     self, HealthCheckPolicy, HealthWatch, Registration, UNKNOWN_XID, Wait, XidEvent, XidEventSource,
 };
-use crate::inventory::{Gpu, GpuInventory, HealthEvent, InventoryError, MigDevice};
-use crate::mig::{self, MigProfile, SliceShape};
-use crate::topology::{GpuLinks, MAX_NVLINKS, PcieLink, PeerLink};
+use crate::gpu::inventory::{Gpu, GpuInventory, HealthEvent, InventoryError, MigDevice};
+use crate::gpu::mig::{self, MigProfile, SliceShape};
+use crate::gpu::topology::{GpuLinks, MAX_NVLINKS, PcieLink, PeerLink};
 
 /// GPUs from NVML.
 #[derive(Clone)]

@@ -9,8 +9,8 @@ use futures::Stream;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use crate::api::v1beta1::{self, device_plugin_server::DevicePlugin};
-use crate::devices::{DeviceTable, split_device_id};
+use crate::gpu::devices::{DeviceTable, split_device_id};
+use crate::kubelet::api::v1beta1::{self, device_plugin_server::DevicePlugin};
 
 /// What `Allocate` answers. The plugin resolves nothing itself: it hands kubelet's request and a
 /// snapshot of the advertised devices to the handler and returns its answer (one
@@ -194,7 +194,7 @@ impl SharedState {
 /// Applies health events from an inventory's watch until the sender side is dropped.
 pub fn spawn_health_updates(
     state: Arc<SharedState>,
-    events: tokio::sync::mpsc::UnboundedReceiver<crate::inventory::HealthEvent>,
+    events: tokio::sync::mpsc::UnboundedReceiver<crate::gpu::inventory::HealthEvent>,
 ) -> tokio::task::JoinHandle<()> {
     spawn_health_updates_all(vec![state], events)
 }
@@ -203,7 +203,7 @@ pub fn spawn_health_updates(
 /// reaches every resource with a device on it.
 pub fn spawn_health_updates_all(
     states: Vec<Arc<SharedState>>,
-    mut events: tokio::sync::mpsc::UnboundedReceiver<crate::inventory::HealthEvent>,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<crate::gpu::inventory::HealthEvent>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while let Some(event) = events.recv().await {

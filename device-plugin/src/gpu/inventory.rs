@@ -1,5 +1,5 @@
 //! What GPUs this node has: the [`GpuInventory`] trait and its two backends, NVML
-//! ([`crate::nvml::NvmlInventory`]) and an inventory file ([`FileInventory`]) for machines
+//! ([`crate::gpu::nvml::NvmlInventory`]) and an inventory file ([`FileInventory`]) for machines
 //! without NVIDIA hardware (development, CI, the in-process tests).
 
 use std::path::{Path, PathBuf};
@@ -9,9 +9,9 @@ use hami_shared::names::MAX_GPU_MINOR;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use crate::health::HealthCheckPolicy;
-pub use crate::health::HealthEvent;
-use crate::topology::{GpuLinks, MAX_NVLINKS, PcieLink, PeerLink};
+use crate::gpu::health::HealthCheckPolicy;
+pub use crate::gpu::health::HealthEvent;
+use crate::gpu::topology::{GpuLinks, MAX_NVLINKS, PcieLink, PeerLink};
 
 /// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
 pub const ENV_INVENTORY: &str = "HAMI_INVENTORY";
@@ -138,7 +138,7 @@ pub trait GpuInventory: Send + Sync + std::fmt::Debug {
     ) -> Result<(), InventoryError>;
 
     /// How every GPU is linked to the others (PCIe path, NVLinks), for
-    /// `hami.io/node-nvidia-score` ([`crate::topology`]). Read once, at start, only when
+    /// `hami.io/node-nvidia-score` ([`crate::gpu::topology`]). Read once, at start, only when
     /// `ENABLE_TOPOLOGY_SCORE` is true.
     fn gpu_links(&self) -> Result<Vec<GpuLinks>, InventoryError> {
         Err(InventoryError::NoTopology {
@@ -230,7 +230,7 @@ fn mig_devices(
         if entry.uuid == gpu_uuid || seen.contains(&entry.uuid) {
             return Err(at("uuid appears twice".to_owned()));
         }
-        let profile = crate::mig::MigProfile::parse(&entry.profile)
+        let profile = crate::gpu::mig::MigProfile::parse(&entry.profile)
             .map_err(|e| at(format!("profile {e}")))?;
         if entry.memory_mib == 0 {
             return Err(at("memoryMib must be a positive number of MiB".to_owned()));
