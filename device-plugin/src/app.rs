@@ -139,7 +139,7 @@ pub fn node_score(
     source: &SourceArgs,
     inventory: &dyn GpuInventory,
     table: &DeviceTable,
-) -> Result<Option<String>, AppError> {
+) -> Result<Option<topology::Scores>, AppError> {
     if !source.topology_score {
         return Ok(None);
     }
@@ -149,10 +149,10 @@ pub fn node_score(
     let uuids: Vec<&str> = table.gpus().iter().map(|g| g.uuid.as_str()).collect();
     let scores = topology::gpu_scores(&uuids, &links)?;
     for (a, b) in &scores.asymmetric {
-        // HAMi also raises a node Warning Event `AsymmetricGPUP2PLink` (hourly).
+        // The node register loop also raises HAMi's Warning Event `AsymmetricGPUP2PLink` (hourly).
         tracing::warn!(gpu = %a, peer = %b, reason = "AsymmetricGPUP2PLink", "the two GPUs report different P2P links to each other; the pair is scored 0 (possible NVLink hardware or driver issue)");
     }
-    Ok(Some(scores.annotation()))
+    Ok(Some(scores))
 }
 
 /// The inventory backend: the file when given, else NVML.
@@ -254,7 +254,8 @@ pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError
         .map(|r| r.table.clone())
         .unwrap_or_else(|| DeviceTable::shares(Vec::new(), settings.split_count, false));
     let annotation = node_register::register_annotation(&registered, settings.scaling());
-    let node_score_annotation = node_score(source, inventory.as_ref(), &registered)?;
+    let node_score_annotation =
+        node_score(source, inventory.as_ref(), &registered)?.map(|s| s.annotation());
     let resources = advertised
         .resources
         .iter()
@@ -706,7 +707,8 @@ pub async fn run_with_options(
             interval,
             retry,
             scaling: settings.scaling(),
-            score,
+            score: score.as_ref().map(topology::Scores::annotation),
+            asymmetric_links: score.map(|s| s.asymmetric).unwrap_or_default(),
         };
         let table = registered.unwrap_or(unregistered);
         let metrics = Arc::clone(&metrics);

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -128,6 +129,65 @@ pub struct NodeRegisterConfig {
     /// `hami.io/node-nvidia-score`, published with the register annotation when set
     /// (`ENABLE_TOPOLOGY_SCORE`; computed once at start: links do not change while running).
     pub score: Option<String>,
+    /// The GPU pairs whose two directions report different P2P links (scored 0). Not empty: a
+    /// Warning Event `AsymmetricGPUP2PLink` on the Node, at most once an hour (HAMi v2.10
+    /// `plugin/register.go` `RegisterInAnnotation`: `util.EmitNodeWarningEvent(node,
+    /// "AsymmetricGPUP2PLink", …, time.Hour)`).
+    pub asymmetric_links: Vec<(String, String)>,
+}
+
+/// The reason of the asymmetric-link Event (HAMi's).
+pub const REASON_ASYMMETRIC_LINK: &str = "AsymmetricGPUP2PLink";
+
+/// How often the asymmetric-link Event is raised again while the pairs stay asymmetric.
+pub const ASYMMETRIC_EVENT_EVERY: Duration = Duration::from_secs(3600);
+
+/// The Event's note: HAMi's text, then the pairs.
+pub fn asymmetric_links_note(pairs: &[(String, String)]) -> String {
+    let listed: Vec<String> = pairs.iter().map(|(a, b)| format!("{a} <-> {b}")).collect();
+    format!(
+        "One or more GPU pairs on this node have asymmetric P2P link data; affected pairs scored 0 (possible NVLink hardware or driver issue): {}",
+        listed.join(", ")
+    )
+}
+
+/// A Warning Event on the Node about its asymmetric GPU pairs (best effort: a failure is logged
+/// and the next pass tries again).
+async fn warn_asymmetric_links(
+    recorder: &Recorder,
+    node: &Node,
+    pairs: &[(String, String)],
+) -> bool {
+    let reference = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: node.metadata.name.clone(),
+        uid: node.metadata.uid.clone(),
+        ..ObjectReference::default()
+    };
+    let mut note = asymmetric_links_note(pairs);
+    if note.len() > 1024 {
+        let mut end = 1021;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    let event = Event {
+        type_: EventType::Warning,
+        reason: REASON_ASYMMETRIC_LINK.to_owned(),
+        note: Some(note),
+        action: "Score".to_owned(),
+        secondary: None,
+    };
+    match recorder.publish(&event, &reference).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, reason = REASON_ASYMMETRIC_LINK, "cannot record the node Event");
+            false
+        }
+    }
 }
 
 /// Makes the node carry `desired` as `hami.io/node-nvidia-register`; returns whether a patch was
@@ -191,9 +251,25 @@ pub async fn run_node_register_observed(
     metrics: &crate::metrics::Metrics,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: crate::allocation::executor::pod_api::REPORTING_CONTROLLER.to_owned(),
+            instance: Some(config.node_name.clone()),
+        },
+    );
+    let mut asymmetric_warned: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
+        let due = asymmetric_warned.is_none_or(|t| t.elapsed() >= ASYMMETRIC_EVENT_EVERY);
+        if !config.asymmetric_links.is_empty() && due {
+            if let Ok(node) = nodes.get(&config.node_name).await {
+                if warn_asymmetric_links(&recorder, &node, &config.asymmetric_links).await {
+                    asymmetric_warned = Some(tokio::time::Instant::now());
+                }
+            }
+        }
         let desired = register_annotation(&table.borrow_and_update(), config.scaling);
         let mut annotations = vec![(ANNOTATION_NODE_NVIDIA_REGISTER, desired.as_str())];
         if let Some(score) = &config.score {

@@ -111,6 +111,7 @@ fn config(interval_ms: u64) -> NodeRegisterConfig {
         retry: Duration::from_millis(20),
         scaling: scaling(),
         score: None,
+        asymmetric_links: Vec::new(),
     }
 }
 
@@ -444,4 +445,50 @@ async fn inventory_reports_the_score_and_refuses_bad_links() {
         ) && err.contains("nvlinks 19 is not in 0..=18"),
         "{err}"
     );
+}
+
+/// GPU pairs with asymmetric links: one Warning Event `AsymmetricGPUP2PLink` on the Node (HAMi
+/// v2.10 `plugin/register.go`), not one per pass of the loop (HAMi: at most hourly).
+#[tokio::test]
+async fn asymmetric_links_raise_one_node_warning_event() {
+    use k8s_openapi::api::events::v1::Event;
+    let server = ApiServer::start().await.unwrap();
+    server.seed(&node()).unwrap();
+    let (_tables, rx) = watch::channel(table());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let mut cfg = config(20);
+    cfg.asymmetric_links = vec![("GPU-aaaa".to_owned(), "GPU-bbbb".to_owned())];
+    let task = tokio::spawn(run_node_register(server.client(), cfg, rx, async {
+        let _ = stopped.await;
+    }));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let events = loop {
+        let events: Vec<Event> = server.list().unwrap();
+        if !events.is_empty() || tokio::time::Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Several more passes of the loop (20 ms each): still the one Event.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events: Vec<Event> = server.list().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e.reason.as_deref(), Some("AsymmetricGPUP2PLink"));
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        e.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("Node")
+    );
+    assert_eq!(
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some(NODE)
+    );
+    let note = e.note.as_deref().unwrap_or_default();
+    assert!(
+        note.contains("asymmetric P2P link data") && note.contains("GPU-aaaa <-> GPU-bbbb"),
+        "{note}"
+    );
+    let _ = stop.send(());
+    task.await.unwrap();
 }
