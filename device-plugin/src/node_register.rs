@@ -263,12 +263,12 @@ pub async fn run_node_register_observed(
     tokio::pin!(shutdown);
     loop {
         let due = asymmetric_warned.is_none_or(|t| t.elapsed() >= ASYMMETRIC_EVENT_EVERY);
-        if !config.asymmetric_links.is_empty() && due {
-            if let Ok(node) = nodes.get(&config.node_name).await {
-                if warn_asymmetric_links(&recorder, &node, &config.asymmetric_links).await {
-                    asymmetric_warned = Some(tokio::time::Instant::now());
-                }
-            }
+        if !config.asymmetric_links.is_empty()
+            && due
+            && let Ok(node) = nodes.get(&config.node_name).await
+            && warn_asymmetric_links(&recorder, &node, &config.asymmetric_links).await
+        {
+            asymmetric_warned = Some(tokio::time::Instant::now());
         }
         let desired = register_annotation(&table.borrow_and_update(), config.scaling);
         let mut annotations = vec![(ANNOTATION_NODE_NVIDIA_REGISTER, desired.as_str())];
