@@ -462,13 +462,13 @@ async fn asymmetric_links_raise_one_node_warning_event() {
         let _ = stopped.await;
     }));
     let deadline = tokio::time::Instant::now() + WAIT;
-    let events = loop {
-        let events: Vec<Event> = server.list().unwrap();
-        if !events.is_empty() || tokio::time::Instant::now() > deadline {
-            break events;
-        }
+    while server.list::<Event>().unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Event in {WAIT:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
     // Several more passes of the loop (20 ms each): still the one Event.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let events: Vec<Event> = server.list().unwrap();
