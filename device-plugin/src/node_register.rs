@@ -136,6 +136,9 @@ pub struct NodeRegisterConfig {
     pub asymmetric_links: Vec<(String, String)>,
 }
 
+/// The component name on the plugin's Events.
+pub const REPORTING_CONTROLLER: &str = "hami-device-plugin";
+
 /// The reason of the asymmetric-link Event (HAMi's).
 pub const REASON_ASYMMETRIC_LINK: &str = "AsymmetricGPUP2PLink";
 
@@ -255,7 +258,7 @@ pub async fn run_node_register_observed(
     let recorder = Recorder::new(
         client,
         Reporter {
-            controller: crate::allocation::executor::pod_api::REPORTING_CONTROLLER.to_owned(),
+            controller: REPORTING_CONTROLLER.to_owned(),
             instance: Some(config.node_name.clone()),
         },
     );

@@ -12,7 +12,7 @@
 //! - the device config (`nvidia:`) and node config (`nodeconfig[]`) keys: `NvidiaConfig` and
 //!   `NodeConfigEntry` serialized, plus every `rename = "…"` / `alias = "…"` of
 //!   `shared/src/config.rs` read as text (aliases do not serialize);
-//! - the inventory file's keys: the fields of `FileGpu` in `device-plugin/src/gpu/inventory.rs`
+//! - the inventory file's keys: the fields of `FileGpu` in `device-plugin/src/gpu/inventory/file.rs`
 //!   (private, so read as text, camelCased as its serde attribute says) against the example;
 //! - the chart values: every leaf of `charts/hami-limits/values.yaml` (maps of data such as
 //!   `nodeSelector` are one value, as `charts/tests/render.py` counts them) against the values
@@ -485,7 +485,7 @@ fn camel(snake: &str) -> String {
 fn inventory_file_keys() {
     let doc = doc();
     let text = sec(&doc, "Inventory file (machines without NVIDIA GPUs)");
-    let source = read("device-plugin/src/gpu/inventory.rs");
+    let source = read("device-plugin/src/gpu/inventory/file.rs");
     let start = source
         .find("struct FileGpu {")
         .expect("struct FileGpu in inventory.rs");
@@ -518,7 +518,7 @@ fn inventory_file_keys() {
     let problems = compare(
         &code,
         &listed,
-        "device-plugin/src/gpu/inventory.rs (`FileGpu`)",
+        "device-plugin/src/gpu/inventory/file.rs (`FileGpu`)",
         "\"Inventory file\" (the example)",
     );
     report("inventory file", &problems);

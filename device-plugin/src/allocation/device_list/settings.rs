@@ -3,6 +3,9 @@
 //! names the variable (and flag), the value and the accepted forms; HAMi's own checks
 //! (`validateFlags`, `spec.AssertChannelIDsValid`) are kept, and a few it lacks are added where a
 //! value would start containers without their GPUs.
+//!
+//! Length: about 450 lines of code, one parse per HAMi setting with its error text, and 170 of
+//! unit tests.
 
 use clap::{ArgAction, Args};
 use serde::Serialize;

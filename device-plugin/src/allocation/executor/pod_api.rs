@@ -11,8 +11,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::allocation::pod_lookup::cache::PodCache;
 
-/// The component name on Events.
-pub const REPORTING_CONTROLLER: &str = "hami-device-plugin";
+/// The component name on Events (the node handshake reports under the same name).
+pub use crate::node_register::REPORTING_CONTROLLER;
 
 /// The pod and node writes of one node's allocator.
 #[derive(Clone)]
