@@ -7,7 +7,7 @@ use hami_shared::config::{
     ConfigError, DeviceConfig, FileText, NodeConfigFile, NvidiaConfig, OperatingMode,
     load_layered_from_env, load_layered_with_schema,
 };
-use hami_shared::values::{CorePolicy, DeliverySource, LimitDelivery};
+use hami_shared::values::{CorePolicy, DeliverySource, LimitDelivery, resolve_limit_delivery};
 use serde::{Deserialize, Serialize};
 
 /// The file's text (the programs read files; the contract crate parses text).
@@ -273,22 +273,26 @@ fn node_config_json_as_hami_writes_it() {
         (eff.device_split_count, eff.device_memory_scaling),
         (7, 1.8)
     );
-    let r = global.resolve_limit_delivery(None, Some(&a));
+    let r = resolve_limit_delivery(None, a.limit_delivery, global.limit_delivery);
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::Env, DeliverySource::NodeConfig)
     );
-    let r = global.resolve_limit_delivery(Some("file"), Some(&a));
+    let r = resolve_limit_delivery(Some("file"), a.limit_delivery, global.limit_delivery);
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::File, DeliverySource::PodAnnotation)
     );
-    let r = global.resolve_limit_delivery(None, nodes.for_node("gpu-node-c").as_ref());
+    let r = resolve_limit_delivery(
+        None,
+        nodes.for_node("gpu-node-c").and_then(|n| n.limit_delivery),
+        global.limit_delivery,
+    );
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::File, DeliverySource::GlobalConfig)
     );
-    let r = NvidiaConfig::default().resolve_limit_delivery(Some("FILE"), None);
+    let r = resolve_limit_delivery(Some("FILE"), None, NvidiaConfig::default().limit_delivery);
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::File, DeliverySource::Default)
