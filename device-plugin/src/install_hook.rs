@@ -42,14 +42,14 @@ use std::path::{Component, Path, PathBuf};
 
 use clap::Args;
 use hami_shared::names::{
-    CONTAINERS_DIR, DEFAULT_HOOK_PATH, LD_SO_PRELOAD_FILE, LIBHAMI_PRELOAD_SO, LIBVGPU_SO,
-    NODE_GPUS_FILE, VGPU_DIR,
+    self, CONTAINERS_DIR, DEFAULT_HOOK_PATH, ENV_HAMI_INVENTORY, LD_SO_PRELOAD_FILE,
+    LIBHAMI_PRELOAD_SO, LIBVGPU_SO, NODE_GPUS_FILE, VGPU_DIR,
 };
 use hami_shared::node_gpus::{NodeGpu, NodeGpus, NodeGpusError};
 use hami_shared::publish::PUBLISHED_MODE;
 use hami_shared::{PublishError, publish_atomic, sweep_temp_files};
 
-use crate::inventory::{ENV_INVENTORY, FileInventory, Gpu, GpuInventory, InventoryError};
+use crate::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
 use crate::nvml::NvmlInventory;
 
 /// The first bytes of every ELF file.
@@ -76,11 +76,11 @@ pub struct InstallHookArgs {
     pub preload: PathBuf,
     /// HAMi's hook path on the host, `HOOK` (the same value as `run --hook-path`): an absolute
     /// path without whitespace, `:` or `..`; the files go to `HOOK/vgpu/`.
-    #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
+    #[arg(long = "hook-path", env = names::ENV_HAMI_HOOK_PATH, default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
     pub hook_path: PathBuf,
     /// YAML list of GPUs (the file `run --inventory` reads) for `HOOK/vgpu/node-gpus`, on a
     /// machine without NVIDIA GPUs; without it the GPUs come from NVML.
-    #[arg(long = "inventory", env = ENV_INVENTORY, value_name = "FILE")]
+    #[arg(long = "inventory", env = ENV_HAMI_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
 }
 
@@ -315,7 +315,7 @@ impl fmt::Display for NoNodeGpus {
                 "NVML is not available ({reason}): give this container NVML (the NVIDIA container \
                  runtime, e.g. runtimeClassName nvidia, with NVIDIA_VISIBLE_DEVICES=all and \
                  NVIDIA_DRIVER_CAPABILITIES=utility), or on a machine without NVIDIA GPUs pass \
-                 --inventory FILE (env {ENV_INVENTORY})"
+                 --inventory FILE (env {ENV_HAMI_INVENTORY})"
             ),
             Self::NoGpu(GpuSource::Nvml) => f.write_str(
                 "NVML lists no GPU: give this container every GPU (NVIDIA_VISIBLE_DEVICES=all \

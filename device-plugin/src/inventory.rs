@@ -13,9 +13,6 @@ use crate::health::HealthCheckPolicy;
 pub use crate::health::HealthEvent;
 use crate::topology::{GpuLinks, MAX_NVLINKS, PcieLink, PeerLink};
 
-/// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
-pub const ENV_INVENTORY: &str = "HAMI_INVENTORY";
-
 /// One physical GPU as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

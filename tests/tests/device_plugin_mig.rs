@@ -64,21 +64,24 @@ async fn mixed_registers_one_plugin_per_resource_and_allocates_mig_without_hami_
     let kubelet = FakeKubelet::start(dir.path()).await.unwrap();
     let inventory = dir.path().join("inventory.yaml");
     std::fs::write(&inventory, INVENTORY).unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin",
-        "run",
-        "--node-name",
-        NODE,
-        "--kubelet-dir",
-        dir.path().to_str().unwrap(),
-        "--inventory",
-        inventory.to_str().unwrap(),
-        "--mig-strategy=mixed",
-        "--register-interval",
-        "0.05",
-        "--metrics-listen",
-        "off",
-    ])
+    let cli = Cli::parse_with_env(
+        [
+            "hami-device-plugin",
+            "run",
+            "--node-name",
+            NODE,
+            "--kubelet-dir",
+            dir.path().to_str().unwrap(),
+            "--inventory",
+            inventory.to_str().unwrap(),
+            "--mig-strategy=mixed",
+            "--register-interval",
+            "0.05",
+            "--metrics-listen",
+            "off",
+        ],
+        |name| std::env::var_os(name),
+    )
     .unwrap()
     .cli;
     let Command::Run(args) = cli.command else {

@@ -263,25 +263,28 @@ async fn the_run_command_registers_with_kubelet_and_annotates_the_node() {
     std::fs::write(&config, "nvidia:\n  resourceCountName: nvidia.com/gpu\n  deviceSplitCount: 3\n  deviceMemoryScaling: 1\n").unwrap();
     let node_config = dir.path().join("config.json");
     std::fs::write(&node_config, format!(r#"{{"nodeconfig":[{{"name":"{NODE}","filterdevices":{{"index":[1]}},"devicesplitcount":2}}]}}"#)).unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin".as_ref(),
-        "run".as_ref(),
-        "--node-name".as_ref(),
-        NODE.as_ref(),
-        "--kubelet-dir".as_ref(),
-        dir.path().as_os_str(),
-        "--inventory".as_ref(),
-        inventory.as_os_str(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--node-config".as_ref(),
-        node_config.as_os_str(),
-        "--register-interval".as_ref(),
-        "0.05".as_ref(),
-        // Not the fixed default port: tests run in parallel.
-        "--metrics-listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-    ] as [&std::ffi::OsStr; 16])
+    let cli = Cli::parse_with_env(
+        [
+            "hami-device-plugin".as_ref(),
+            "run".as_ref(),
+            "--node-name".as_ref(),
+            NODE.as_ref(),
+            "--kubelet-dir".as_ref(),
+            dir.path().as_os_str(),
+            "--inventory".as_ref(),
+            inventory.as_os_str(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--node-config".as_ref(),
+            node_config.as_os_str(),
+            "--register-interval".as_ref(),
+            "0.05".as_ref(),
+            // Not the fixed default port: tests run in parallel.
+            "--metrics-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ] as [&std::ffi::OsStr; 16],
+        |name| std::env::var_os(name),
+    )
     .unwrap()
     .cli;
     let Command::Run(args) = cli.command else {
@@ -372,25 +375,28 @@ async fn the_run_command_publishes_the_topology_score_and_numa() {
         ),
     )
     .unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin".as_ref(),
-        "run".as_ref(),
-        "--node-name".as_ref(),
-        NODE.as_ref(),
-        "--kubelet-dir".as_ref(),
-        dir.path().as_os_str(),
-        "--inventory".as_ref(),
-        inventory.as_os_str(),
-        "--config".as_ref(),
-        config.as_os_str(),
-        "--node-config".as_ref(),
-        node_config.as_os_str(),
-        "--enable-topology-score=true".as_ref(),
-        "--register-interval".as_ref(),
-        "0.05".as_ref(),
-        "--metrics-listen".as_ref(),
-        "127.0.0.1:0".as_ref(),
-    ] as [&std::ffi::OsStr; 17])
+    let cli = Cli::parse_with_env(
+        [
+            "hami-device-plugin".as_ref(),
+            "run".as_ref(),
+            "--node-name".as_ref(),
+            NODE.as_ref(),
+            "--kubelet-dir".as_ref(),
+            dir.path().as_os_str(),
+            "--inventory".as_ref(),
+            inventory.as_os_str(),
+            "--config".as_ref(),
+            config.as_os_str(),
+            "--node-config".as_ref(),
+            node_config.as_os_str(),
+            "--enable-topology-score=true".as_ref(),
+            "--register-interval".as_ref(),
+            "0.05".as_ref(),
+            "--metrics-listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ] as [&std::ffi::OsStr; 17],
+        |name| std::env::var_os(name),
+    )
     .unwrap()
     .cli;
     let Command::Run(args) = cli.command else {
@@ -451,13 +457,16 @@ async fn inventory_reports_the_score_and_refuses_bad_links() {
     let dir = tempfile::tempdir().unwrap();
     let inventory = dir.path().join("inventory.yaml");
     std::fs::write(&inventory, "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 1, links: [{peer: GPU-zzzz}]}\n- {uuid: GPU-zzzz, name: x, memoryMib: 1}\n").unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin".as_ref(),
-        "inventory".as_ref(),
-        "--inventory".as_ref(),
-        inventory.as_os_str(),
-        "--enable-topology-score".as_ref(),
-    ] as [&std::ffi::OsStr; 5])
+    let cli = Cli::parse_with_env(
+        [
+            "hami-device-plugin".as_ref(),
+            "inventory".as_ref(),
+            "--inventory".as_ref(),
+            inventory.as_os_str(),
+            "--enable-topology-score".as_ref(),
+        ] as [&std::ffi::OsStr; 5],
+        |name| std::env::var_os(name),
+    )
     .unwrap()
     .cli;
     let Command::Inventory(args) = cli.command else {

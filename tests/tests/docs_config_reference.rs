@@ -23,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use clap::CommandFactory;
+use hami_shared::names::{Program, RenamedEnv, deprecated_env};
 use hami_tests::docs::{code_blocks, code_spans, headings, rendered_text, section, table_rows};
 use hami_tests::real::repo;
 
@@ -286,10 +287,10 @@ fn webhook_settings_keys_and_their_environment_names() {
         &mut clap_flags,
     );
     let mut declared: BTreeSet<String> = clap_flags.iter().filter_map(|f| f.env.clone()).collect();
-    declared.insert(hami_webhook::shell::settings_load::ENV_LOG_FORMAT.to_owned());
-    for (old, new) in hami_webhook::shell::settings_load::DEPRECATED_ENV {
-        declared.insert(old.to_owned());
-        declared.insert(new.to_owned());
+    declared.insert(hami_ops::ENV_LOG_FORMAT.to_owned());
+    for renamed in deprecated_env(Program::Webhook) {
+        declared.insert(renamed.old.to_owned());
+        declared.insert(renamed.new.to_owned());
     }
     let longs: BTreeSet<String> = clap_flags.iter().flat_map(|f| f.names.clone()).collect();
     for text in [&main, &kai] {
@@ -353,7 +354,7 @@ fn device_plugin_flags_and_environment() {
         "RUST_LOG".to_owned(),
     ]);
     let mut problems = Vec::new();
-    for (old, new) in hami_device_plugin::cli::RENAMED_ENV {
+    for &RenamedEnv { old, new, .. } in deprecated_env(Program::DevicePlugin) {
         extra.insert(old.to_owned());
         // The deprecated name is on every row of the new one.
         for (title, text) in &tables {
@@ -363,7 +364,7 @@ fn device_plugin_flags_and_environment() {
                     && !code_spans(&env).iter().any(|s| s == old)
                 {
                     problems.push(format!(
-                        "{DOC}, \"{title}\" (line {}): `{new}` without its deprecated name `{old}` (device-plugin/src/cli.rs `RENAMED_ENV`)",
+                        "{DOC}, \"{title}\" (line {}): `{new}` without its deprecated name `{old}` (shared/src/names.rs `DEPRECATED_ENV`)",
                         row.line
                     ));
                 }

@@ -223,7 +223,9 @@ impl Value {
             }),
             Json::String(s) => match word_number(&s) {
                 Some(w) => Ok(f64::from(w)),
-                None => s.parse().map_err(|_| DeError::invalid_type("a floating point")),
+                None => s
+                    .parse()
+                    .map_err(|_| DeError::invalid_type("a floating point")),
             },
             Json::Bool(b) => Ok(if b { 1.0 } else { 0.0 }),
             Json::Null | Json::Object(_) | Json::Array(_) => {
@@ -283,14 +285,62 @@ impl<'de> de::Deserializer<'de> for Value {
         visitor.visit_bool(self.into_bool()?)
     }
 
-    integer!(deserialize_i8, visit_i8, i8, into_int, "an signed 8 bit integer");
-    integer!(deserialize_i16, visit_i16, i16, into_int, "an signed 16 bit integer");
-    integer!(deserialize_i32, visit_i32, i32, into_int, "an signed 32 bit integer");
-    integer!(deserialize_i64, visit_i64, i64, into_int, "an signed 64 bit integer");
-    integer!(deserialize_u8, visit_u8, u8, into_uint, "an unsigned 8 bit integer");
-    integer!(deserialize_u16, visit_u16, u16, into_uint, "an unsigned 16 bit integer");
-    integer!(deserialize_u32, visit_u32, u32, into_uint, "an unsigned 32 bit integer");
-    integer!(deserialize_u64, visit_u64, u64, into_uint, "an unsigned 64 bit integer");
+    integer!(
+        deserialize_i8,
+        visit_i8,
+        i8,
+        into_int,
+        "an signed 8 bit integer"
+    );
+    integer!(
+        deserialize_i16,
+        visit_i16,
+        i16,
+        into_int,
+        "an signed 16 bit integer"
+    );
+    integer!(
+        deserialize_i32,
+        visit_i32,
+        i32,
+        into_int,
+        "an signed 32 bit integer"
+    );
+    integer!(
+        deserialize_i64,
+        visit_i64,
+        i64,
+        into_int,
+        "an signed 64 bit integer"
+    );
+    integer!(
+        deserialize_u8,
+        visit_u8,
+        u8,
+        into_uint,
+        "an unsigned 8 bit integer"
+    );
+    integer!(
+        deserialize_u16,
+        visit_u16,
+        u16,
+        into_uint,
+        "an unsigned 16 bit integer"
+    );
+    integer!(
+        deserialize_u32,
+        visit_u32,
+        u32,
+        into_uint,
+        "an unsigned 32 bit integer"
+    );
+    integer!(
+        deserialize_u64,
+        visit_u64,
+        u64,
+        into_uint,
+        "an unsigned 64 bit integer"
+    );
 
     fn deserialize_f32<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, DeError> {
         #[allow(clippy::cast_possible_truncation)]
@@ -512,7 +562,10 @@ mod tests {
             "count": 1.6, "ratio": 2, "on": 0, "name": 2.5, "level": null, "list": []
         }))
         .unwrap();
-        assert_eq!((t.count, t.ratio, t.on, t.name.as_str(), t.level), (2, 2.0, false, "2.5", None));
+        assert_eq!(
+            (t.count, t.ratio, t.on, t.name.as_str(), t.level),
+            (2, 2.0, false, "2.5", None)
+        );
     }
 
     #[test]
@@ -520,17 +573,34 @@ mod tests {
         let base = serde_json::json!({"count": 1, "ratio": 1, "on": true, "name": "", "level": null, "list": [1, "x"]});
         let err = typed(base).unwrap_err();
         assert_eq!(err.path, [Seg::Key("list".into()), Seg::Index(1)]);
-        assert_eq!(err.kind, DeErrorKind::Type { expected: "an integer" });
+        assert_eq!(
+            err.kind,
+            DeErrorKind::Type {
+                expected: "an integer"
+            }
+        );
         let err = typed(serde_json::json!({"count": -1})).unwrap_err();
         assert_eq!(
             err.kind,
-            DeErrorKind::Type { expected: "an unsigned 64 bit or less integer" }
+            DeErrorKind::Type {
+                expected: "an unsigned 64 bit or less integer"
+            }
         );
         let err = typed(serde_json::json!({"count": 5_000_000_000_u64})).unwrap_err();
-        assert_eq!(err.kind, DeErrorKind::Type { expected: "an unsigned 32 bit integer" });
+        assert_eq!(
+            err.kind,
+            DeErrorKind::Type {
+                expected: "an unsigned 32 bit integer"
+            }
+        );
         let err = typed(serde_json::json!({"count": 1, "on": "maybe"})).unwrap_err();
         assert_eq!(render_key_path(&err.path), "on");
-        assert_eq!(err.kind, DeErrorKind::Type { expected: "a boolean" });
+        assert_eq!(
+            err.kind,
+            DeErrorKind::Type {
+                expected: "a boolean"
+            }
+        );
         let err = typed(serde_json::json!({"count": 1, "ratio": 1, "on": true})).unwrap_err();
         assert_eq!(err.kind, DeErrorKind::Missing("name"));
     }
@@ -543,13 +613,19 @@ mod tests {
             Plain,
             Sized(u8),
         }
-        assert_eq!(deserialize::<Mode>(serde_json::json!("plain")).unwrap(), Mode::Plain);
+        assert_eq!(
+            deserialize::<Mode>(serde_json::json!("plain")).unwrap(),
+            Mode::Plain
+        );
         assert_eq!(
             deserialize::<Mode>(serde_json::json!({"sized": "4"})).unwrap(),
             Mode::Sized(4)
         );
         let err = deserialize::<Mode>(serde_json::json!("Plain")).unwrap_err();
-        assert_eq!(err.to_string(), "enum Mode does not have variant constructor Plain");
+        assert_eq!(
+            err.to_string(),
+            "enum Mode does not have variant constructor Plain"
+        );
         assert!(deserialize::<Mode>(serde_json::json!("sized")).is_err());
         assert!(deserialize::<Mode>(serde_json::json!(3)).is_err());
     }

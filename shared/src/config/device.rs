@@ -1,29 +1,45 @@
-//! HAMi's global device config (`device-config.yaml`): the `nvidia:` section, the one definition
-//! of its keys, read by both programs (the webhook: the resource names, `gpuCorePolicy`,
-//! `defaultGPUNum`, `overwriteEnv`; the device plugin: the rest).
+//! HAMi's global device config (`device-config.yaml`): the `nvidia:` section, typed once for both
+//! programs. Its keys are declared in two parts, each once: [`NvidiaAdmission`], what admission
+//! reads (the webhook's `nvidia:` section; the device plugin reads `resourceCountName` of it too),
+//! and [`NvidiaPlugin`], what the device plugin reads (and HAMi's scheduler's keys, accepted). The
+//! two parts are one flat section in the file ([`NvidiaConfig`]).
 
 use serde::{Deserialize, Serialize};
 
-use super::layer::{Layers, schema_of};
+use super::layer::{Layers, check_log_level, check_scaling, schema_of};
 use super::node::NodeConfigEntry;
 use super::{ConfigError, FileText};
 use crate::names;
 use crate::values::{CorePolicy, LimitDelivery};
 
-
 /// HAMi's global `device-config.yaml`; only the `nvidia:` section is read, other vendors' sections
-/// are ignored.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+/// are ignored. Loaded by [`DeviceConfig::load_from_env`] (each part of the section deserialized
+/// from the same layers, so that an error names its key).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 #[serde(default)]
 pub struct DeviceConfig {
     /// The `nvidia:` section.
     pub nvidia: NvidiaConfig,
 }
 
-/// The `nvidia:` section of HAMi's `device-config.yaml`, plus `limitDelivery`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, rename_all = "camelCase")]
+/// The `nvidia:` section of HAMi's `device-config.yaml`, plus `limitDelivery`: both parts, flat
+/// (as the file writes them).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct NvidiaConfig {
+    /// What admission reads.
+    #[serde(flatten)]
+    pub admission: NvidiaAdmission,
+    /// What the device plugin reads.
+    #[serde(flatten)]
+    pub plugin: NvidiaPlugin,
+}
+
+/// The keys of the `nvidia:` section that admission reads: which resources make a HAMi GPU
+/// container, and what it gets. The webhook's `nvidia:` section is this part alone (HAMi's other
+/// keys are ignored there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct NvidiaAdmission {
     /// `resourceCountName`, default `nvidia.com/gpu`.
     pub resource_count_name: String,
     /// `resourceMemoryName`, default `nvidia.com/gpumem`.
@@ -34,15 +50,56 @@ pub struct NvidiaConfig {
     pub resource_core_name: String,
     /// `resourcePriorityName`, default `nvidia.com/priority`.
     pub resource_priority_name: String,
-    /// `overwriteEnv`, default `false`.
+    /// `gpuCorePolicy`: `default` (nothing set), `force` or `disable` (set as
+    /// `GPU_CORE_UTILIZATION_POLICY`); default `default`.
+    pub gpu_core_policy: CorePolicy,
+    /// `defaultGPUNum`: a container whose limits name the memory, memory-percentage or core
+    /// resource but not the count gets `<resourceCountName>: N` (0: nothing added). Default 1.
+    #[serde(rename = "defaultGPUNum")]
+    pub default_gpu_num: u32,
+    /// `overwriteEnv`: every container of a HAMi pod that gets no GPU gets
+    /// `NVIDIA_VISIBLE_DEVICES=none`. Default false.
     pub overwrite_env: bool,
+}
+
+impl Default for NvidiaAdmission {
+    fn default() -> Self {
+        Self {
+            resource_count_name: names::RESOURCE_GPU.to_owned(),
+            resource_memory_name: names::RESOURCE_GPU_MEM.to_owned(),
+            resource_memory_percentage_name: names::RESOURCE_GPU_MEM_PERCENTAGE.to_owned(),
+            resource_core_name: names::RESOURCE_GPU_CORES.to_owned(),
+            resource_priority_name: names::RESOURCE_PRIORITY.to_owned(),
+            gpu_core_policy: CorePolicy::Default,
+            default_gpu_num: 1,
+            overwrite_env: false,
+        }
+    }
+}
+
+impl NvidiaAdmission {
+    /// The resource names that make a container a HAMi GPU container.
+    #[must_use]
+    pub fn gpu_resource_names(&self) -> [&str; 5] {
+        [
+            &self.resource_count_name,
+            &self.resource_memory_name,
+            &self.resource_memory_percentage_name,
+            &self.resource_core_name,
+            &self.resource_priority_name,
+        ]
+    }
+}
+
+/// The keys of the `nvidia:` section that the device plugin reads (how a node's GPUs are shared
+/// and their limits delivered), and HAMi's scheduler's keys, accepted so that HAMi's file loads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct NvidiaPlugin {
     /// `defaultMemory` MiB when a pod names none; default 0 (the whole device).
     pub default_memory: u64,
     /// `defaultCores` percent when a pod names none, 0..=100; default 0 (no core limit).
     pub default_cores: u32,
-    /// `defaultGPUNum`, default 1.
-    #[serde(rename = "defaultGPUNum")]
-    pub default_gpu_num: u32,
     /// `memoryFactor`, default 1 (at least 1).
     pub memory_factor: u32,
     /// `deviceSplitCount`: shares advertised per GPU, default 10 (at least 1).
@@ -53,8 +110,6 @@ pub struct NvidiaConfig {
     pub device_core_scaling: f64,
     /// `disableCoreLimit`, default `false` (`true` sets `GPU_CORE_UTILIZATION_POLICY=disable`).
     pub disable_core_limit: bool,
-    /// `gpuCorePolicy`: `default` | `force` | `disable`, default `default`.
-    pub gpu_core_policy: CorePolicy,
     /// `libCudaLogLevel` 0..=4, default unset (`LIBCUDA_LOG_LEVEL` not injected).
     pub lib_cuda_log_level: Option<u8>,
     /// `runtimeClassName`, default empty.
@@ -71,24 +126,16 @@ pub struct NvidiaConfig {
     pub enable_numa_topology: Option<bool>,
 }
 
-impl Default for NvidiaConfig {
+impl Default for NvidiaPlugin {
     fn default() -> Self {
         Self {
-            resource_count_name: names::RESOURCE_GPU.to_owned(),
-            resource_memory_name: names::RESOURCE_GPU_MEM.to_owned(),
-            resource_memory_percentage_name: names::RESOURCE_GPU_MEM_PERCENTAGE.to_owned(),
-            resource_core_name: names::RESOURCE_GPU_CORES.to_owned(),
-            resource_priority_name: names::RESOURCE_PRIORITY.to_owned(),
-            overwrite_env: false,
             default_memory: 0,
             default_cores: 0,
-            default_gpu_num: 1,
             memory_factor: 1,
             device_split_count: 10,
             device_memory_scaling: 1.0,
             device_core_scaling: 1.0,
             disable_core_limit: false,
-            gpu_core_policy: CorePolicy::Default,
             lib_cuda_log_level: None,
             runtime_class_name: String::new(),
             limit_delivery: None,
@@ -98,31 +145,7 @@ impl Default for NvidiaConfig {
     }
 }
 
-pub(crate) fn check_scaling(problems: &mut Vec<(String, String)>, key: String, v: f64) {
-    if !(v.is_finite() && v > 0.0) {
-        problems.push((key, "expected a number greater than 0".to_owned()));
-    }
-}
-
-pub(crate) fn check_log_level(problems: &mut Vec<(String, String)>, key: String, v: u8) {
-    if v > 4 {
-        problems.push((key, "expected a log level from 0 to 4".to_owned()));
-    }
-}
-
-impl NvidiaConfig {
-    /// The resource names that make a container a HAMi GPU container.
-    #[must_use]
-    pub fn gpu_resource_names(&self) -> [&str; 5] {
-        [
-            &self.resource_count_name,
-            &self.resource_memory_name,
-            &self.resource_memory_percentage_name,
-            &self.resource_core_name,
-            &self.resource_priority_name,
-        ]
-    }
-
+impl NvidiaPlugin {
     fn problems(&self, prefix: &str, problems: &mut Vec<(String, String)>) {
         if self.device_split_count == 0 {
             problems.push((
@@ -156,31 +179,33 @@ impl NvidiaConfig {
             check_log_level(problems, format!("{prefix}libCudaLogLevel"), l);
         }
     }
+}
 
+impl NvidiaConfig {
     /// These settings with a node's overrides applied (split count, scalings, log level).
     /// `limitdelivery` is not applied here: the node's and this global value both go to
     /// [`crate::values::resolve_limit_delivery`], which reports which level decided.
     pub fn with_node(&self, node: &NodeConfigEntry) -> NvidiaConfig {
         let mut out = self.clone();
         if let Some(v) = node.device_split_count {
-            out.device_split_count = v;
+            out.plugin.device_split_count = v;
         }
         if let Some(v) = node.device_memory_scaling {
-            out.device_memory_scaling = v;
+            out.plugin.device_memory_scaling = v;
         }
         if let Some(v) = node.device_core_scaling {
-            out.device_core_scaling = v;
+            out.plugin.device_core_scaling = v;
         }
         if let Some(v) = node.lib_cuda_log_level {
-            out.lib_cuda_log_level = Some(v);
+            out.plugin.lib_cuda_log_level = Some(v);
         }
         if let Some(v) = node.pre_configured_device_memory {
-            out.pre_configured_device_memory = v;
+            out.plugin.pre_configured_device_memory = v;
         }
         // HAMi's `readFromConfigFile` merges the entry with `mergo.WithOverride`: a set pointer,
         // `false` included, replaces the global value.
         if let Some(v) = node.enable_numa_topology {
-            out.enable_numa_topology = Some(v);
+            out.plugin.enable_numa_topology = Some(v);
         }
         out
     }
@@ -192,15 +217,27 @@ impl DeviceConfig {
     where
         I: IntoIterator<Item = (String, String)>,
     {
+        /// One part of the section, from the same layers.
+        #[derive(Deserialize, Default)]
+        #[serde(default)]
+        struct Part<T> {
+            nvidia: T,
+        }
         let schema = schema_of::<Self>()?;
         let layers = Layers::load(file, names::CONFIG_ENV_PREFIX, env, Some(schema))?;
-        let config: Self = layers.deserialize()?;
+        let admission: Part<NvidiaAdmission> = layers.deserialize()?;
+        let plugin: Part<NvidiaPlugin> = layers.deserialize()?;
+        let config = Self {
+            nvidia: NvidiaConfig {
+                admission: admission.nvidia,
+                plugin: plugin.nvidia,
+            },
+        };
         let mut problems = Vec::new();
-        config.nvidia.problems("nvidia.", &mut problems);
+        config.nvidia.plugin.problems("nvidia.", &mut problems);
         match problems.into_iter().next() {
             Some((key, reason)) => Err(layers.invalid(&key, reason)),
             None => Ok(config),
         }
     }
 }
-

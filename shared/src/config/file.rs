@@ -235,11 +235,16 @@ mod tests {
     #[test]
     fn yaml_and_json_to_one_value() {
         let want = serde_json::json!({"nvidia": {"deviceSplitCount": 3, "scaling": 1.5, "on": true, "name": "x", "unset": null}});
-        let yaml = "nvidia:\n  deviceSplitCount: 3\n  scaling: 1.5\n  on: true\n  name: x\n  unset:\n";
+        let yaml =
+            "nvidia:\n  deviceSplitCount: 3\n  scaling: 1.5\n  on: true\n  name: x\n  unset:\n";
         assert_eq!(parse("d.yaml", yaml).unwrap(), want);
         let json = r#"{"nvidia": {"deviceSplitCount": 3, "scaling": 1.5, "on": true, "name": "x", "unset": null}}"#;
         assert_eq!(parse("d.json", json).unwrap(), want);
-        assert_eq!(parse("d", json).unwrap(), want, "text starting with {{ is JSON");
+        assert_eq!(
+            parse("d", json).unwrap(),
+            want,
+            "text starting with {{ is JSON"
+        );
         assert_eq!(parse("d.yaml", json).unwrap(), want, "YAML holds JSON");
         for empty in ["", "  \n", "# comments only\n"] {
             assert_eq!(parse("d.yaml", empty).unwrap(), serde_json::json!({}));
@@ -258,20 +263,34 @@ mod tests {
             serde_json::json!({"1": "a", "true": "b", "base": {"n": 3}, "ref": {"n": 3}, "big": null})
         );
         let twice = parse("d.yaml", "nvidia:\n  x: 1\n  x: 2\n").unwrap_err();
-        assert!(twice.contains("\"x\": duplicated key in mapping"), "{twice}");
+        assert!(
+            twice.contains("\"x\": duplicated key in mapping"),
+            "{twice}"
+        );
     }
 
     #[test]
     fn not_a_map_or_not_parsable_names_the_file() {
         for (name, text, want) in [
-            ("d.yaml", "5", "invalid type: 64-bit integer `5`, expected a map"),
+            (
+                "d.yaml",
+                "5",
+                "invalid type: 64-bit integer `5`, expected a map",
+            ),
             ("d.yaml", "- a\n", "invalid type: sequence, expected a map"),
             ("d.yaml", "~", "invalid type: unit value, expected a map"),
             ("d.json", "[1]", "invalid type: sequence, expected a map"),
-            ("d.yaml", "a: 1\n---\nb: 2\n", "Got 2 YAML documents, expected 1"),
+            (
+                "d.yaml",
+                "a: 1\n---\nb: 2\n",
+                "Got 2 YAML documents, expected 1",
+            ),
         ] {
             let err = parse(name, text).unwrap_err();
-            assert_eq!(err, format!("cannot parse configuration file {name}: {want}"));
+            assert_eq!(
+                err,
+                format!("cannot parse configuration file {name}: {want}")
+            );
         }
         assert!(
             parse("d.json", "{\"a\": ")

@@ -294,6 +294,22 @@ impl Layers {
     }
 }
 
+// Range checks of the schemas, after the deserialization: `(key, reason)` per problem.
+
+/// A scaling must be a finite number above 0.
+pub(crate) fn check_scaling(problems: &mut Vec<(String, String)>, key: String, v: f64) {
+    if !(v.is_finite() && v > 0.0) {
+        problems.push((key, "expected a number greater than 0".to_owned()));
+    }
+}
+
+/// HAMi-core's log levels are 0 to 4.
+pub(crate) fn check_log_level(problems: &mut Vec<(String, String)>, key: String, v: u8) {
+    if v > 4 {
+        problems.push((key, "expected a log level from 0 to 4".to_owned()));
+    }
+}
+
 /// serde's terse type names as accepted forms for people.
 fn friendly_expected(expected: &str) -> String {
     match expected {

@@ -6,7 +6,8 @@
 //!   `de` (so an environment string like `"10"` becomes a number), every error naming its key
 //!   path and the layer it came from;
 //! - [`device`]: HAMi's global `device-config.yaml`, the `nvidia:` section ([`NvidiaConfig`], the
-//!   one type of that section for both programs);
+//!   one type of that section for both programs: [`NvidiaAdmission`], the part the webhook reads,
+//!   and [`NvidiaPlugin`], the device plugin's);
 //! - [`node`]: HAMi's per-node `config.json` ([`NodeConfigFile`]).
 //!
 //! HAMi's own loader applies no defaults and dereferences missing keys; here every known key has a
@@ -26,7 +27,7 @@ mod file;
 pub mod layer;
 pub mod node;
 
-pub use device::{DeviceConfig, NvidiaConfig};
+pub use device::{DeviceConfig, NvidiaAdmission, NvidiaConfig, NvidiaPlugin};
 pub use layer::{load_layered_from_env, load_layered_with_schema};
 pub use node::{FilterDevices, NodeConfigEntry, NodeConfigFile, OperatingMode};
 
@@ -91,7 +92,7 @@ mod tests {
         )
         .unwrap()
         .nvidia;
-        assert_eq!(global.enable_numa_topology, Some(true));
+        assert_eq!(global.plugin.enable_numa_topology, Some(true));
         let nodes = NodeConfigFile::parse(FileText {
             path: Path::new("config.json"),
             text: r#"{"nodeconfig":[{"name":"a","enablenumatopology":false},{"name":"b","enableNumaTopology":true},{"name":"c"}]}"#,
@@ -101,12 +102,13 @@ mod tests {
             nodes
                 .for_node(n)
                 .map_or_else(|| global.clone(), |e| global.with_node(&e))
+                .plugin
                 .enable_numa_topology
         };
         assert_eq!(on("a"), Some(false));
         assert_eq!(on("b"), Some(true));
         assert_eq!(on("c"), Some(true));
-        assert_eq!(NvidiaConfig::default().enable_numa_topology, None);
+        assert_eq!(NvidiaConfig::default().plugin.enable_numa_topology, None);
         // An environment variable reaches the camelCase key; a non-boolean names the key.
         let env = DeviceConfig::load_from_env(
             None,

@@ -6,12 +6,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::device::{check_log_level, check_scaling};
-use super::layer::Layers;
+use super::layer::{Layers, check_log_level, check_scaling};
 use super::{ConfigError, FileText};
 use crate::names;
 use crate::values::LimitDelivery;
-
 
 /// `operatingmode` of a node entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -204,4 +202,3 @@ impl NodeConfigFile {
         Some(merged)
     }
 }
-
