@@ -10,12 +10,23 @@ use hami_certgen::secret::CreateSettings;
 use hami_certgen::{CertgenError, local};
 use hami_ops::LogFormat;
 
+// Each environment name once (`HAMI_LOG_FORMAT` is `hami_ops::ENV_LOG_FORMAT`, as in the other
+// programs); `create` and `patch` share the namespace and the Secret's name.
+const ENV_CA_DAYS: &str = "HAMI_CERTGEN_CA_DAYS";
+const ENV_CERT_DAYS: &str = "HAMI_CERTGEN_CERT_DAYS";
+const ENV_NAMESPACE: &str = "HAMI_CERTGEN_NAMESPACE";
+const ENV_SERVICE: &str = "HAMI_CERTGEN_SERVICE";
+const ENV_SECRET_NAME: &str = "HAMI_CERTGEN_SECRET_NAME";
+const ENV_CLUSTER_DOMAIN: &str = "HAMI_CERTGEN_CLUSTER_DOMAIN";
+const ENV_RENEW_BEFORE_DAYS: &str = "HAMI_CERTGEN_RENEW_BEFORE_DAYS";
+const ENV_WEBHOOK_NAME: &str = "HAMI_CERTGEN_WEBHOOK_NAME";
+
 /// Certificates for the hami-limits admission webhook.
 #[derive(Debug, Parser)]
 #[command(name = "hami-certgen", version, about)]
 struct Cli {
     /// Log format.
-    #[arg(long, env = "HAMI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    #[arg(long, env = hami_ops::ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text, global = true)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -35,34 +46,34 @@ enum Command {
 #[derive(Debug, Args)]
 struct Validity {
     /// Lifetime of a new CA, in days.
-    #[arg(long, env = "HAMI_CERTGEN_CA_DAYS", default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    #[arg(long, env = ENV_CA_DAYS, default_value_t = 3650, value_parser = clap::value_parser!(u32).range(1..=36500))]
     ca_days: u32,
     /// Lifetime of a new serving certificate, in days.
-    #[arg(long, env = "HAMI_CERTGEN_CERT_DAYS", default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=36500))]
+    #[arg(long, env = ENV_CERT_DAYS, default_value_t = 365, value_parser = clap::value_parser!(u32).range(1..=36500))]
     cert_days: u32,
 }
 
 #[derive(Debug, Args)]
 struct CreateArgs {
     /// Namespace of the webhook Service and of the Secret.
-    #[arg(long, env = "HAMI_CERTGEN_NAMESPACE")]
+    #[arg(long, env = ENV_NAMESPACE)]
     namespace: String,
     /// Name of the webhook Service; the certificate covers SVC, SVC.NS, SVC.NS.svc and
     /// SVC.NS.svc.<cluster-domain>.
-    #[arg(long, env = "HAMI_CERTGEN_SERVICE")]
+    #[arg(long, env = ENV_SERVICE)]
     service: String,
     /// Name of the Secret (type kubernetes.io/tls, keys ca.crt, ca.key, tls.crt, tls.key).
-    #[arg(long, env = "HAMI_CERTGEN_SECRET_NAME")]
+    #[arg(long, env = ENV_SECRET_NAME)]
     secret_name: String,
     /// Cluster DNS domain.
     #[arg(
         long,
-        env = "HAMI_CERTGEN_CLUSTER_DOMAIN",
+        env = ENV_CLUSTER_DOMAIN,
         default_value = "cluster.local"
     )]
     cluster_domain: String,
     /// Renew the serving certificate (keeping the CA) when it expires within this many days.
-    #[arg(long, env = "HAMI_CERTGEN_RENEW_BEFORE_DAYS", default_value_t = 30)]
+    #[arg(long, env = ENV_RENEW_BEFORE_DAYS, default_value_t = 30)]
     renew_before_days: u32,
     #[command(flatten)]
     validity: Validity,
@@ -71,13 +82,13 @@ struct CreateArgs {
 #[derive(Debug, Args)]
 struct PatchArgs {
     /// Name of the MutatingWebhookConfiguration.
-    #[arg(long, env = "HAMI_CERTGEN_WEBHOOK_NAME")]
+    #[arg(long, env = ENV_WEBHOOK_NAME)]
     webhook_name: String,
     /// Name of the Secret holding ca.crt.
-    #[arg(long, env = "HAMI_CERTGEN_SECRET_NAME")]
+    #[arg(long, env = ENV_SECRET_NAME)]
     secret_name: String,
     /// Namespace of the Secret.
-    #[arg(long, env = "HAMI_CERTGEN_NAMESPACE")]
+    #[arg(long, env = ENV_NAMESPACE)]
     namespace: String,
 }
 

@@ -121,12 +121,19 @@ impl AppError {
     }
 }
 
-/// The settings for this node from the files named in `source`.
+/// The process environment's variables for the layered loader (`HAMI_NVIDIA__*` over the device
+/// config): the one place the plugin reads them (`main.rs` hands them to `plan` too).
+pub fn config_environment() -> impl Iterator<Item = (String, String)> {
+    std::env::vars()
+}
+
+/// The settings for this node from the files named in `source` and the process environment.
 pub fn load_settings(source: &SourceArgs) -> Result<PluginSettings, SettingsError> {
     let mut settings = PluginSettings::load(
         source.config.as_deref(),
         source.node_config.as_deref(),
         source.node_name.as_deref(),
+        config_environment(),
     )?;
     settings.numa_topology |= source.numa_topology;
     Ok(settings)
@@ -861,7 +868,7 @@ pub fn advertise_settings<'a>(
         split_count: settings.split_count,
         numa_topology: settings.numa_topology,
         mig_strategy: source.mig_strategy,
-        pre_configured_memory_mib: settings.nvidia.pre_configured_device_memory,
+        pre_configured_memory_mib: settings.nvidia.plugin.pre_configured_device_memory,
     }
 }
 

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 pub use hami_ops::LogFormat;
+use hami_shared::names;
 
 use crate::allocation::device_list::settings::DeviceListArgs;
 use crate::kubelet::api;
@@ -14,23 +15,12 @@ use crate::kubelet::api;
 #[command(name = "hami-device-plugin", version, about)]
 pub struct Cli {
     /// Log format on stderr: `text` for people, `json` (one object per line) for log collectors.
-    #[arg(long = "log-format", env = "HAMI_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    #[arg(long = "log-format", env = hami_ops::ENV_LOG_FORMAT, value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
-
-/// Environment names renamed, `(old, new)`: to the `HAMI_` form, and HAMi's own second names of
-/// two device list settings (`EnvVars` lists them after the first in HAMi's `main.go`). The old
-/// name still works, with a deprecation notice, when neither the new name nor the flag is given
-/// (HAMi's own DaemonSet sets the old names).
-pub const RENAMED_ENV: [(&str, &str); 4] = [
-    ("NODE_NAME", "HAMI_NODE_NAME"),
-    ("HOOK_PATH", "HAMI_HOOK_PATH"),
-    ("NVIDIA_CTK_PATH", "NVIDIA_CDI_HOOK_PATH"),
-    ("CONTAINER_DRIVER_ROOT", "DRIVER_ROOT_CTR_PATH"),
-];
 
 /// A parsed command line and the deprecation notices of the environment names it used.
 #[derive(Debug)]
@@ -42,17 +32,12 @@ pub struct Parsed {
 }
 
 impl Cli {
-    /// Parses a command line (the program name first), for callers without `clap` in scope. The
-    /// deprecated environment names of [`RENAMED_ENV`] are read from the process environment.
-    pub fn parse_args<I, T>(args: I) -> Result<Parsed, clap::Error>
-    where
-        I: IntoIterator<Item = T>,
-        T: Into<std::ffi::OsString> + Clone,
-    {
-        Self::parse_with_env(args, |name| std::env::var_os(name))
-    }
-
-    /// [`Cli::parse_args`] with the deprecated names looked up through `old_env` (tests).
+    /// Parses a command line (the program name first), for callers without `clap` in scope.
+    /// clap reads the variables of the `env = ...` attributes; the deprecated names of
+    /// [`names::deprecated_env`] (`Program::DevicePlugin`) are looked up through `old_env`, which
+    /// the composition root (`main.rs`) gives the process environment. The old name still works,
+    /// with a deprecation notice, when neither the new name nor the flag is given (HAMi's own
+    /// DaemonSet sets the old names).
     pub fn parse_with_env<I, T>(
         args: I,
         old_env: impl Fn(&str) -> Option<std::ffi::OsString>,
@@ -66,18 +51,18 @@ impl Cli {
         let mut cli = Self::from_arg_matches(&matches)?;
         let mut deprecations = Vec::new();
         if let Some((_, sub)) = matches.subcommand() {
-            let mut fallback = |(old, new): (&str, &str)| {
-                let value = old_env(old).filter(|v| !v.is_empty())?;
-                deprecations.push(format!("{old} is deprecated: use {new}"));
+            let mut fallback = |renamed: names::RenamedEnv| {
+                let value = old_env(renamed.old).filter(|v| !v.is_empty())?;
+                deprecations.push(renamed.notice());
                 Some(value)
             };
-            let [node_env, hook_env, cdi_hook_env, ctr_root_env] = RENAMED_ENV;
             // A value given by flag or by the new name wins; the old name fills what is left
             // open, and a default gives way to it.
             if let Some(node) = cli.command.node_name_mut()
                 && node.is_none()
             {
-                *node = fallback(node_env).map(|v| v.to_string_lossy().into_owned());
+                *node =
+                    fallback(names::RENAMED_NODE_NAME).map(|v| v.to_string_lossy().into_owned());
             }
             // (Asked only of a command that has the argument: clap refuses unknown ids.)
             if let Some(hook) = cli.command.hook_path_mut()
@@ -85,14 +70,20 @@ impl Cli {
                     sub.value_source("hook_path"),
                     None | Some(clap::parser::ValueSource::DefaultValue)
                 )
-                && let Some(v) = fallback(hook_env)
+                && let Some(v) = fallback(names::RENAMED_HOOK_PATH)
             {
                 *hook = PathBuf::from(v);
             }
             if let Some(list) = cli.command.device_list_mut() {
                 for (value, env) in [
-                    (&mut list.nvidia_cdi_hook_path, cdi_hook_env),
-                    (&mut list.driver_root_ctr_path, ctr_root_env),
+                    (
+                        &mut list.nvidia_cdi_hook_path,
+                        names::RENAMED_NVIDIA_CTK_PATH,
+                    ),
+                    (
+                        &mut list.driver_root_ctr_path,
+                        names::RENAMED_CONTAINER_DRIVER_ROOT,
+                    ),
                 ] {
                     if value.is_none() {
                         *value = fallback(env).map(|v| v.to_string_lossy().into_owned());
@@ -213,20 +204,20 @@ impl Command {
 #[derive(Debug, Clone, Args)]
 pub struct SourceArgs {
     /// Global HAMi device config (`device-config.yaml`, `nvidia:` section).
-    #[arg(long = "config", env = "HAMI_DEVICE_CONFIG", value_name = "FILE")]
+    #[arg(long = "config", env = names::ENV_HAMI_DEVICE_CONFIG, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Per-node config (`config.json` with `nodeconfig: [...]`).
-    #[arg(long = "node-config", env = "HAMI_NODE_CONFIG", value_name = "FILE")]
+    #[arg(long = "node-config", env = names::ENV_HAMI_NODE_CONFIG, value_name = "FILE")]
     pub node_config: Option<PathBuf>,
     /// YAML list of GPUs instead of NVML, for machines without NVIDIA GPUs.
-    #[arg(long, env = crate::gpu::inventory::ENV_INVENTORY, value_name = "FILE")]
+    #[arg(long, env = names::ENV_HAMI_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
     /// This node's name (downward API `spec.nodeName`).
-    #[arg(long = "node-name", env = "HAMI_NODE_NAME")]
+    #[arg(long = "node-name", env = names::ENV_HAMI_NODE_NAME)]
     pub node_name: Option<String>,
     /// Attach each GPU's NUMA node to the kubelet devices (for the topology manager), whatever
     /// the device config's `enableNumaTopology` and the node's `enablenumatopology` say.
-    #[arg(long = "enable-numa-topology", env = "HAMI_ENABLE_NUMA_TOPOLOGY")]
+    #[arg(long = "enable-numa-topology", env = names::ENV_HAMI_ENABLE_NUMA_TOPOLOGY)]
     pub numa_topology: bool,
     /// Static MIG (HAMi's MIG_STRATEGY): `none` (MIG ignored: every GPU split into shares),
     /// `single` (every GPU's MIG devices, all of one profile, under nvidia.com/gpu), `mixed`
@@ -284,12 +275,12 @@ pub struct RunArgs {
     #[command(flatten)]
     pub source: SourceArgs,
     /// kubelet's device-plugin directory.
-    #[arg(long = "kubelet-dir", env = "HAMI_KUBELET_DIR", default_value = api::DEFAULT_KUBELET_DIR, value_name = "DIR")]
+    #[arg(long = "kubelet-dir", env = names::ENV_HAMI_KUBELET_DIR, default_value = api::DEFAULT_KUBELET_DIR, value_name = "DIR")]
     pub kubelet_dir: PathBuf,
     /// Seconds between checks of the node annotation `hami.io/node-nvidia-register`.
     #[arg(
         long = "register-interval",
-        env = "HAMI_REGISTER_INTERVAL",
+        env = names::ENV_HAMI_REGISTER_INTERVAL,
         default_value_t = 30.0,
         value_name = "SECONDS"
     )]
@@ -297,7 +288,7 @@ pub struct RunArgs {
     /// Seconds to wait after a failed node annotation update.
     #[arg(
         long = "register-retry",
-        env = "HAMI_REGISTER_RETRY",
+        env = names::ENV_HAMI_REGISTER_RETRY,
         default_value_t = 5.0,
         value_name = "SECONDS"
     )]
@@ -305,18 +296,18 @@ pub struct RunArgs {
     /// Milliseconds between checks of the device-plugin directory (kubelet restart, lost socket).
     #[arg(
         long = "kubelet-watch-interval-ms",
-        env = "HAMI_KUBELET_WATCH_INTERVAL_MS",
+        env = names::ENV_HAMI_KUBELET_WATCH_INTERVAL_MS,
         default_value_t = 250
     )]
     pub kubelet_watch_ms: u64,
     /// Do not talk to the API server (no node annotation, no pending-pod lookup): for trying the
     /// kubelet side alone.
-    #[arg(long = "skip-node-register", env = "HAMI_SKIP_NODE_REGISTER")]
+    #[arg(long = "skip-node-register", env = names::ENV_HAMI_SKIP_NODE_REGISTER)]
     pub skip_node_register: bool,
     /// Plain-HTTP address for `/healthz`, `/readyz` and `/metrics`; empty or `off` disables.
     #[arg(
         long = "metrics-listen",
-        env = "HAMI_METRICS_LISTEN",
+        env = names::ENV_HAMI_METRICS_LISTEN,
         default_value = DEFAULT_METRICS_LISTEN,
         value_name = "HOST:PORT"
     )]
@@ -389,12 +380,12 @@ pub struct InventoryArgs {
 #[derive(Debug, Clone, Args)]
 pub struct AllocateArgs {
     /// HAMi-core's install directory on the host (and in the container): `<DIR>/vgpu/...`.
-    #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
+    #[arg(long = "hook-path", env = names::ENV_HAMI_HOOK_PATH, default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
     pub hook_path: PathBuf,
     /// Seconds between two passes of the collector of dead pods' files.
     #[arg(
         long = "collect-interval",
-        env = "HAMI_COLLECT_INTERVAL",
+        env = names::ENV_HAMI_COLLECT_INTERVAL,
         default_value_t = 60.0,
         value_name = "SECONDS"
     )]
@@ -402,7 +393,7 @@ pub struct AllocateArgs {
     /// Minimum age in seconds of a dead pod's directory or limits file before it is removed.
     #[arg(
         long = "collect-grace",
-        env = "HAMI_COLLECT_GRACE",
+        env = names::ENV_HAMI_COLLECT_GRACE,
         default_value_t = 300.0,
         value_name = "SECONDS"
     )]

@@ -15,7 +15,9 @@ fn print_json(value: &impl serde::Serialize) {
 }
 
 fn main() -> ExitCode {
-    let (cli, deprecations) = match Cli::parse_args(std::env::args_os()) {
+    // The command line, and the deprecated environment names it falls back to.
+    let parsed = Cli::parse_with_env(std::env::args_os(), |name| std::env::var_os(name));
+    let (cli, deprecations) = match parsed {
         Ok(parsed) => (parsed.cli, parsed.deprecations),
         Err(error) => error.exit(),
     };
@@ -50,7 +52,7 @@ fn main() -> ExitCode {
                     print!("{}", app::render_report(&report));
                 }
             }),
-            Command::Plan(args) => hami_device_plugin::commands::plan::run_plan(&args)
+            Command::Plan(args) => hami_device_plugin::commands::plan::run_plan(&args, app::config_environment())
                 .map_err(AppError::from)
                 .map(|report| {
                     for note in &report.notes {

@@ -1,6 +1,8 @@
 //! The plugin's resolved settings for this node: the global device config's `nvidia:` section
 //! (`hami_shared::config::DeviceConfig`, layered defaults < file < `HAMI_NVIDIA__*` env) with
 //! the node's `nodeconfig` entry (`NodeConfigFile`, matched on the node name) applied over it.
+//! The environment's pairs are given by the composition root (`crate::app`, `main.rs`), which
+//! alone reads the process environment.
 
 use std::path::Path;
 
@@ -20,15 +22,16 @@ pub fn read_config_file(path: &Path) -> Result<String, hami_shared::config::Conf
     })
 }
 
-/// The global device config from `config` and the process's `HAMI_NVIDIA__*` variables.
+/// The global device config from `config` and the `HAMI_NVIDIA__*` variables of `env`.
 pub fn load_device_config(
     config: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<DeviceConfig, hami_shared::config::ConfigError> {
     let text = config.map(read_config_file).transpose()?;
     let file = config
         .zip(text.as_deref())
         .map(|(path, text)| FileText { path, text });
-    DeviceConfig::load_from_env(file, std::env::vars())
+    DeviceConfig::load_from_env(file, env)
 }
 
 /// The per-node config file.
@@ -104,16 +107,16 @@ impl PluginSettings {
             })
             .unwrap_or_default();
         Self {
-            resource_name: nvidia.resource_count_name.clone(),
-            split_count: nvidia.device_split_count,
-            memory_scaling: nvidia.device_memory_scaling,
-            core_scaling: nvidia.device_core_scaling,
+            resource_name: nvidia.admission.resource_count_name.clone(),
+            split_count: nvidia.plugin.device_split_count,
+            memory_scaling: nvidia.plugin.device_memory_scaling,
+            core_scaling: nvidia.plugin.device_core_scaling,
             filter,
             preferred_allocation: node
                 .and_then(|n| n.enable_get_preferred_allocation)
                 .unwrap_or(true),
             // HAMi v2.10 `server.go` `apiDevices`: `EnableNUMATopology != nil && *EnableNUMATopology`.
-            numa_topology: nvidia.enable_numa_topology.unwrap_or(false),
+            numa_topology: nvidia.plugin.enable_numa_topology.unwrap_or(false),
             operating_mode: node
                 .and_then(|n| n.operating_mode)
                 .unwrap_or(OperatingMode::HamiCore),
@@ -122,14 +125,15 @@ impl PluginSettings {
         }
     }
 
-    /// Loads the global device config (`config`, plus `HAMI_NVIDIA__*` variables) and the node
-    /// config, and applies the entry named `node_name`.
+    /// Loads the global device config (`config`, plus the `HAMI_NVIDIA__*` variables of `env`)
+    /// and the node config, and applies the entry named `node_name`.
     pub fn load(
         config: Option<&Path>,
         node_config: Option<&Path>,
         node_name: Option<&str>,
+        env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, SettingsError> {
-        let global = load_device_config(config)?;
+        let global = load_device_config(config, env)?;
         let nodes = node_config.map(load_node_config).transpose()?;
         let entry = match (&nodes, node_name) {
             (Some(nodes), Some(name)) => nodes.for_node(name),
@@ -177,6 +181,10 @@ impl PluginSettings {
 mod tests {
     use super::*;
 
+    fn no_env() -> std::iter::Empty<(String, String)> {
+        std::iter::empty()
+    }
+
     fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
@@ -206,7 +214,8 @@ mod tests {
             "config.json",
             r#"{"nodeconfig":[{"name":"node-a","devicesplitcount":7,"devicecorescaling":1.5,"filterdevices":{"uuid":["GPU-x"],"index":[3]},"enablegetpreferredallocation":false},{"name":"node-b","devicesplitcount":2}]}"#,
         );
-        let a = PluginSettings::load(Some(&global), Some(&nodes), Some("node-a")).unwrap();
+        let a =
+            PluginSettings::load(Some(&global), Some(&nodes), Some("node-a"), no_env()).unwrap();
         assert_eq!(a.resource_name, "example.com/vgpu");
         assert_eq!(a.split_count, 7);
         assert!((a.memory_scaling - 2.0).abs() < f64::EPSILON);
@@ -219,7 +228,8 @@ mod tests {
             }
         );
         assert!(!a.preferred_allocation);
-        let other = PluginSettings::load(Some(&global), Some(&nodes), Some("node-c")).unwrap();
+        let other =
+            PluginSettings::load(Some(&global), Some(&nodes), Some("node-c"), no_env()).unwrap();
         assert_eq!(other.split_count, 4);
         assert_eq!(other.filter, DeviceFilter::default());
     }
@@ -238,7 +248,7 @@ mod tests {
             r#"{"nodeconfig":[{"name":"off","enablenumatopology":false},{"name":"on","enablenumatopology":true}]}"#,
         );
         let load = |g: Option<&Path>, n: &str| {
-            PluginSettings::load(g, Some(&nodes), Some(n))
+            PluginSettings::load(g, Some(&nodes), Some(n), no_env())
                 .unwrap()
                 .numa_topology
         };
@@ -257,7 +267,7 @@ mod tests {
             "device-config.yaml",
             "nvidia:\n  deviceSplitCount: 0\n",
         );
-        let err = PluginSettings::load(Some(&global), None, None)
+        let err = PluginSettings::load(Some(&global), None, None, no_env())
             .unwrap_err()
             .to_string();
         assert!(
@@ -269,7 +279,7 @@ mod tests {
             "bad.yaml",
             "nvidia:\n  resourceCountName: gpu\n",
         );
-        let err = PluginSettings::load(Some(&global), None, None)
+        let err = PluginSettings::load(Some(&global), None, None, no_env())
             .unwrap_err()
             .to_string();
         assert!(
@@ -281,7 +291,7 @@ mod tests {
             "config.json",
             r#"{"nodeconfig":[{"name":"n","operatingmode":"turbo"}]}"#,
         );
-        let err = PluginSettings::load(None, Some(&nodes), Some("n"))
+        let err = PluginSettings::load(None, Some(&nodes), Some("n"), no_env())
             .unwrap_err()
             .to_string();
         assert!(

@@ -253,6 +253,10 @@ pub enum LogFormat {
     Json,
 }
 
+/// `HAMI_LOG_FORMAT`: the [`LogFormat`] variable every hami-limits program reads (declared here,
+/// beside the type, because `hami-certgen` depends on this crate and not on `hami-shared`).
+pub const ENV_LOG_FORMAT: &str = "HAMI_LOG_FORMAT";
+
 /// The log subscriber for `format`: level from `RUST_LOG` (default `info`), written to `writer`
 /// (the binaries pass stderr), ANSI colours only when `ansi` and the format is text.
 pub fn log_subscriber<W>(

@@ -123,16 +123,152 @@ pub const LABEL_WEBHOOK_IGNORE: &str = "ignore";
 pub const ENV_CUDA_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
 /// Comma-separated GPU UUIDs for the NVIDIA container runtime.
 pub const ENV_NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
-/// The node this device plugin runs on (downward API).
-pub const ENV_NODE_NAME: &str = "NODE_NAME";
-/// Per-GPU VRAM override for the webhook's fraction translation.
-pub const ENV_PER_GPU_VRAM_MIB: &str = "PER_GPU_VRAM_MIB";
-/// HAMi's hook path environment variable.
-pub const ENV_HOOK_PATH: &str = "HOOK_PATH";
 
 /// `CUDA_DEVICE_MEMORY_LIMIT_<i>`: the per-device memory limit variable.
 pub fn memory_limit_env(i: usize) -> String {
     format!("{ENV_CUDA_DEVICE_MEMORY_LIMIT}_{i}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Environment variables of the programs' own settings
+// ---------------------------------------------------------------------------------------------
+//
+// Each declared here once: the clap `env = ...` attributes and the loaders name these constants.
+// `HAMI_LOG_FORMAT`, read by every program, is `hami_ops::ENV_LOG_FORMAT`, beside `LogFormat`.
+// The `HAMI_<SECTION>__<KEY>` variables of the layered loader are derived from the keys
+// ([`CONFIG_ENV_PREFIX`], [`CONFIG_ENV_SEPARATOR`]); only those a deprecated name maps to are here.
+
+/// `hami-device-plugin --config`: HAMi's `device-config.yaml`.
+pub const ENV_HAMI_DEVICE_CONFIG: &str = "HAMI_DEVICE_CONFIG";
+/// `hami-device-plugin --node-config`: HAMi's `config.json`.
+pub const ENV_HAMI_NODE_CONFIG: &str = "HAMI_NODE_CONFIG";
+/// `hami-device-plugin --node-name` / `plan --node`: this node (downward API `spec.nodeName`).
+pub const ENV_HAMI_NODE_NAME: &str = "HAMI_NODE_NAME";
+/// `hami-device-plugin --hook-path`: HAMi-core's directory on the host and in the container.
+pub const ENV_HAMI_HOOK_PATH: &str = "HAMI_HOOK_PATH";
+/// `hami-device-plugin --inventory`: a YAML list of GPUs instead of NVML.
+pub const ENV_HAMI_INVENTORY: &str = "HAMI_INVENTORY";
+/// `hami-device-plugin --enable-numa-topology`.
+pub const ENV_HAMI_ENABLE_NUMA_TOPOLOGY: &str = "HAMI_ENABLE_NUMA_TOPOLOGY";
+/// `hami-device-plugin run --kubelet-dir`.
+pub const ENV_HAMI_KUBELET_DIR: &str = "HAMI_KUBELET_DIR";
+/// `hami-device-plugin run --register-interval`.
+pub const ENV_HAMI_REGISTER_INTERVAL: &str = "HAMI_REGISTER_INTERVAL";
+/// `hami-device-plugin run --register-retry`.
+pub const ENV_HAMI_REGISTER_RETRY: &str = "HAMI_REGISTER_RETRY";
+/// `hami-device-plugin run --kubelet-watch-interval-ms`.
+pub const ENV_HAMI_KUBELET_WATCH_INTERVAL_MS: &str = "HAMI_KUBELET_WATCH_INTERVAL_MS";
+/// `hami-device-plugin run --skip-node-register`.
+pub const ENV_HAMI_SKIP_NODE_REGISTER: &str = "HAMI_SKIP_NODE_REGISTER";
+/// `hami-device-plugin run --metrics-listen`.
+pub const ENV_HAMI_METRICS_LISTEN: &str = "HAMI_METRICS_LISTEN";
+/// `hami-device-plugin run --collect-interval`.
+pub const ENV_HAMI_COLLECT_INTERVAL: &str = "HAMI_COLLECT_INTERVAL";
+/// `hami-device-plugin run --collect-grace`.
+pub const ENV_HAMI_COLLECT_GRACE: &str = "HAMI_COLLECT_GRACE";
+/// `hami-webhook --config`: the webhook's settings file.
+pub const ENV_HAMI_WEBHOOK_CONFIG: &str = "HAMI_WEBHOOK_CONFIG";
+/// The webhook's `kai.perGpuVramMib` in the layered loader's form.
+pub const ENV_HAMI_KAI_PER_GPU_VRAM_MIB: &str = "HAMI_KAI__PER_GPU_VRAM_MIB";
+/// The webhook's `server.logFormat` in the layered loader's form.
+pub const ENV_HAMI_SERVER_LOG_FORMAT: &str = "HAMI_SERVER__LOGFORMAT";
+
+/// HAMi's name of [`ENV_HAMI_NODE_NAME`] (deprecated here).
+pub const ENV_NODE_NAME: &str = "NODE_NAME";
+/// HAMi's name of [`ENV_HAMI_HOOK_PATH`] (deprecated here).
+pub const ENV_HOOK_PATH: &str = "HOOK_PATH";
+/// The webhook's first name of [`ENV_HAMI_KAI_PER_GPU_VRAM_MIB`] (deprecated).
+pub const ENV_PER_GPU_VRAM_MIB: &str = "PER_GPU_VRAM_MIB";
+/// HAMi's device plugin: the NVIDIA CDI hook (`nvidia-cdi-hook`), its first name.
+pub const ENV_NVIDIA_CDI_HOOK_PATH: &str = "NVIDIA_CDI_HOOK_PATH";
+/// HAMi's second name of [`ENV_NVIDIA_CDI_HOOK_PATH`] (`EnvVars` of HAMi's `main.go`).
+pub const ENV_NVIDIA_CTK_PATH: &str = "NVIDIA_CTK_PATH";
+/// HAMi's device plugin: where the driver root is in the plugin's container, its first name.
+pub const ENV_DRIVER_ROOT_CTR_PATH: &str = "DRIVER_ROOT_CTR_PATH";
+/// HAMi's second name of [`ENV_DRIVER_ROOT_CTR_PATH`].
+pub const ENV_CONTAINER_DRIVER_ROOT: &str = "CONTAINER_DRIVER_ROOT";
+
+/// The program that reads a renamed environment variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// `hami-webhook` (the layered loader maps the old name onto the new one).
+    Webhook,
+    /// `hami-device-plugin` (the old name fills what the flag and the new name leave open).
+    DevicePlugin,
+}
+
+/// An environment name that still works, with the name to use instead. The old name is read only
+/// when the new one is not set, with a deprecation notice ([`Self::notice`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RenamedEnv {
+    /// The old name.
+    pub old: &'static str,
+    /// The name to use.
+    pub new: &'static str,
+    /// Who reads it.
+    pub program: Program,
+}
+
+impl RenamedEnv {
+    /// The notice logged when the old name supplied the value.
+    #[must_use]
+    pub fn notice(&self) -> String {
+        format!("{} is deprecated: use {}", self.old, self.new)
+    }
+
+    /// The notice logged when both names are set (the new one wins).
+    #[must_use]
+    pub fn ignored_notice(&self) -> String {
+        format!(
+            "{} is deprecated and ignored: {} is set",
+            self.old, self.new
+        )
+    }
+}
+
+/// `NODE_NAME` → `HAMI_NODE_NAME` (HAMi's DaemonSet sets the old name).
+pub const RENAMED_NODE_NAME: RenamedEnv = RenamedEnv {
+    old: ENV_NODE_NAME,
+    new: ENV_HAMI_NODE_NAME,
+    program: Program::DevicePlugin,
+};
+/// `HOOK_PATH` → `HAMI_HOOK_PATH`.
+pub const RENAMED_HOOK_PATH: RenamedEnv = RenamedEnv {
+    old: ENV_HOOK_PATH,
+    new: ENV_HAMI_HOOK_PATH,
+    program: Program::DevicePlugin,
+};
+/// `NVIDIA_CTK_PATH` → `NVIDIA_CDI_HOOK_PATH` (HAMi's own second name).
+pub const RENAMED_NVIDIA_CTK_PATH: RenamedEnv = RenamedEnv {
+    old: ENV_NVIDIA_CTK_PATH,
+    new: ENV_NVIDIA_CDI_HOOK_PATH,
+    program: Program::DevicePlugin,
+};
+/// `CONTAINER_DRIVER_ROOT` → `DRIVER_ROOT_CTR_PATH` (HAMi's own second name).
+pub const RENAMED_CONTAINER_DRIVER_ROOT: RenamedEnv = RenamedEnv {
+    old: ENV_CONTAINER_DRIVER_ROOT,
+    new: ENV_DRIVER_ROOT_CTR_PATH,
+    program: Program::DevicePlugin,
+};
+/// `PER_GPU_VRAM_MIB` → `HAMI_KAI__PER_GPU_VRAM_MIB`.
+pub const RENAMED_PER_GPU_VRAM_MIB: RenamedEnv = RenamedEnv {
+    old: ENV_PER_GPU_VRAM_MIB,
+    new: ENV_HAMI_KAI_PER_GPU_VRAM_MIB,
+    program: Program::Webhook,
+};
+
+/// Every renamed environment variable of both programs: the one table.
+pub static DEPRECATED_ENV: [RenamedEnv; 5] = [
+    RENAMED_NODE_NAME,
+    RENAMED_HOOK_PATH,
+    RENAMED_NVIDIA_CTK_PATH,
+    RENAMED_CONTAINER_DRIVER_ROOT,
+    RENAMED_PER_GPU_VRAM_MIB,
+];
+
+/// The renamed variables `program` reads.
+pub fn deprecated_env(program: Program) -> impl Iterator<Item = &'static RenamedEnv> {
+    DEPRECATED_ENV.iter().filter(move |r| r.program == program)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -208,6 +344,28 @@ pub fn container_dir_name(pod_uid: &str, container: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renamed_variables_by_program() {
+        let plugin: Vec<&str> = deprecated_env(Program::DevicePlugin)
+            .map(|r| r.old)
+            .collect();
+        assert_eq!(
+            plugin,
+            [
+                "NODE_NAME",
+                "HOOK_PATH",
+                "NVIDIA_CTK_PATH",
+                "CONTAINER_DRIVER_ROOT"
+            ]
+        );
+        let webhook: Vec<&str> = deprecated_env(Program::Webhook).map(|r| r.new).collect();
+        assert_eq!(webhook, ["HAMI_KAI__PER_GPU_VRAM_MIB"]);
+        assert_eq!(
+            RENAMED_NODE_NAME.notice(),
+            "NODE_NAME is deprecated: use HAMI_NODE_NAME"
+        );
+    }
 
     #[test]
     fn per_device_names() {

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use hami_shared::config::{
-    ConfigError, DeviceConfig, FileText, NodeConfigFile, NvidiaConfig, OperatingMode,
+    ConfigError, DeviceConfig, FileText, NodeConfigFile, NvidiaConfig, NvidiaPlugin, OperatingMode,
     load_layered_from_env, load_layered_with_schema,
 };
-use hami_shared::values::{CorePolicy, DeliverySource, LimitDelivery};
+use hami_shared::values::{CorePolicy, DeliverySource, LimitDelivery, resolve_limit_delivery};
 use serde::{Deserialize, Serialize};
 
 /// The file's text (the programs read files; the contract crate parses text).
@@ -133,24 +133,34 @@ fn defaults_without_a_file() {
     let c = DeviceConfig::load_from_env(None, no_env()).unwrap();
     assert_eq!(c, DeviceConfig::default());
     let n = &c.nvidia;
-    assert_eq!(n.resource_count_name, "nvidia.com/gpu");
-    assert_eq!(n.resource_memory_name, "nvidia.com/gpumem");
+    assert_eq!(n.admission.resource_count_name, "nvidia.com/gpu");
+    assert_eq!(n.admission.resource_memory_name, "nvidia.com/gpumem");
     assert_eq!(
-        n.resource_memory_percentage_name,
+        n.admission.resource_memory_percentage_name,
         "nvidia.com/gpumem-percentage"
     );
-    assert_eq!(n.resource_core_name, "nvidia.com/gpucores");
-    assert_eq!(n.resource_priority_name, "nvidia.com/priority");
+    assert_eq!(n.admission.resource_core_name, "nvidia.com/gpucores");
+    assert_eq!(n.admission.resource_priority_name, "nvidia.com/priority");
     assert_eq!(
-        (n.default_memory, n.default_cores, n.default_gpu_num),
+        (
+            n.plugin.default_memory,
+            n.plugin.default_cores,
+            n.admission.default_gpu_num
+        ),
         (0, 0, 1)
     );
-    assert_eq!((n.device_split_count, n.memory_factor), (10, 1));
-    assert_eq!((n.device_memory_scaling, n.device_core_scaling), (1.0, 1.0));
-    assert_eq!(n.gpu_core_policy, CorePolicy::Default);
-    assert_eq!(n.lib_cuda_log_level, None);
-    assert_eq!(n.limit_delivery, None);
-    assert!(!n.disable_core_limit && !n.overwrite_env);
+    assert_eq!(
+        (n.plugin.device_split_count, n.plugin.memory_factor),
+        (10, 1)
+    );
+    assert_eq!(
+        (n.plugin.device_memory_scaling, n.plugin.device_core_scaling),
+        (1.0, 1.0)
+    );
+    assert_eq!(n.admission.gpu_core_policy, CorePolicy::Default);
+    assert_eq!(n.plugin.lib_cuda_log_level, None);
+    assert_eq!(n.plugin.limit_delivery, None);
+    assert!(!n.plugin.disable_core_limit && !n.admission.overwrite_env);
 }
 
 #[test]
@@ -165,9 +175,9 @@ fn hami_chart_device_config_is_read_and_other_vendors_ignored() {
         no_env(),
     )
     .unwrap();
-    assert_eq!(c.nvidia.device_split_count, 10);
-    assert_eq!(c.nvidia.lib_cuda_log_level, Some(1));
-    assert_eq!(c.nvidia.limit_delivery, Some(LimitDelivery::File));
+    assert_eq!(c.nvidia.plugin.device_split_count, 10);
+    assert_eq!(c.nvidia.plugin.lib_cuda_log_level, Some(1));
+    assert_eq!(c.nvidia.plugin.limit_delivery, Some(LimitDelivery::File));
     // A file with only some keys keeps the defaults for the others.
     let partial = write(
         dir.path(),
@@ -182,9 +192,9 @@ fn hami_chart_device_config_is_read_and_other_vendors_ignored() {
         no_env(),
     )
     .unwrap();
-    assert_eq!(c.nvidia.device_split_count, 4);
-    assert_eq!(c.nvidia.gpu_core_policy, CorePolicy::Force);
-    assert_eq!(c.nvidia.resource_count_name, "nvidia.com/gpu");
+    assert_eq!(c.nvidia.plugin.device_split_count, 4);
+    assert_eq!(c.nvidia.admission.gpu_core_policy, CorePolicy::Force);
+    assert_eq!(c.nvidia.admission.resource_count_name, "nvidia.com/gpu");
     // An empty file (an empty ConfigMap key) is all defaults.
     let empty = write(dir.path(), "empty.yaml", "");
     assert_eq!(
@@ -223,15 +233,18 @@ fn layering_defaults_then_file_then_environment() {
         e,
     )
     .unwrap();
-    assert_eq!(c.nvidia.device_split_count, 6, "env beats file");
+    assert_eq!(c.nvidia.plugin.device_split_count, 6, "env beats file");
     assert_eq!(
-        c.nvidia.limit_delivery,
+        c.nvidia.plugin.limit_delivery,
         Some(LimitDelivery::Env),
         "env beats file"
     );
-    assert!(c.nvidia.disable_core_limit, "env beats default");
-    assert_eq!(c.nvidia.device_memory_scaling, 2.0, "file beats default");
-    assert_eq!(c.nvidia.device_core_scaling, 1.0, "default stays");
+    assert!(c.nvidia.plugin.disable_core_limit, "env beats default");
+    assert_eq!(
+        c.nvidia.plugin.device_memory_scaling, 2.0,
+        "file beats default"
+    );
+    assert_eq!(c.nvidia.plugin.device_core_scaling, 1.0, "default stays");
 }
 
 #[test]
@@ -265,30 +278,44 @@ fn node_config_json_as_hami_writes_it() {
     );
 
     let global = NvidiaConfig {
-        limit_delivery: Some(LimitDelivery::File),
+        plugin: NvidiaPlugin {
+            limit_delivery: Some(LimitDelivery::File),
+            ..NvidiaPlugin::default()
+        },
         ..NvidiaConfig::default()
     };
     let eff = global.with_node(&a);
     assert_eq!(
-        (eff.device_split_count, eff.device_memory_scaling),
+        (
+            eff.plugin.device_split_count,
+            eff.plugin.device_memory_scaling
+        ),
         (7, 1.8)
     );
-    let r = global.resolve_limit_delivery(None, Some(&a));
+    let r = resolve_limit_delivery(None, a.limit_delivery, global.plugin.limit_delivery);
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::Env, DeliverySource::NodeConfig)
     );
-    let r = global.resolve_limit_delivery(Some("file"), Some(&a));
+    let r = resolve_limit_delivery(Some("file"), a.limit_delivery, global.plugin.limit_delivery);
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::File, DeliverySource::PodAnnotation)
     );
-    let r = global.resolve_limit_delivery(None, nodes.for_node("gpu-node-c").as_ref());
+    let r = resolve_limit_delivery(
+        None,
+        nodes.for_node("gpu-node-c").and_then(|n| n.limit_delivery),
+        global.plugin.limit_delivery,
+    );
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::File, DeliverySource::GlobalConfig)
     );
-    let r = NvidiaConfig::default().resolve_limit_delivery(Some("FILE"), None);
+    let r = resolve_limit_delivery(
+        Some("FILE"),
+        None,
+        NvidiaConfig::default().plugin.limit_delivery,
+    );
     assert_eq!(
         (r.delivery, r.source),
         (LimitDelivery::File, DeliverySource::Default)
@@ -544,8 +571,11 @@ fn pre_configured_device_memory_global_and_per_node() {
         no_env(),
     )
     .unwrap();
-    assert_eq!(config.nvidia.pre_configured_device_memory, 131_072);
-    assert_eq!(NvidiaConfig::default().pre_configured_device_memory, 0);
+    assert_eq!(config.nvidia.plugin.pre_configured_device_memory, 131_072);
+    assert_eq!(
+        NvidiaConfig::default().plugin.pre_configured_device_memory,
+        0
+    );
     let nodes = write(
         dir.path(),
         "config.json",
@@ -557,9 +587,9 @@ fn pre_configured_device_memory_global_and_per_node() {
     })
     .unwrap();
     let spark = config.nvidia.with_node(&nodes.for_node("spark").unwrap());
-    assert_eq!(spark.pre_configured_device_memory, 120_000);
+    assert_eq!(spark.plugin.pre_configured_device_memory, 120_000);
     let off = config.nvidia.with_node(&nodes.for_node("off").unwrap());
-    assert_eq!(off.pre_configured_device_memory, 0);
+    assert_eq!(off.plugin.pre_configured_device_memory, 0);
     let bad = write(
         dir.path(),
         "bad.yaml",

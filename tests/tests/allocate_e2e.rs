@@ -215,7 +215,7 @@ async fn node_config_and_pod_annotation_overrides() {
     .unwrap();
     let (g, n) = (global.clone(), node_config.clone());
     let h = Harness::start_in(dir, move |hook| {
-        load_allocation_settings(Some(&g), Some(&n), NODE, hook).unwrap()
+        load_allocation_settings(Some(&g), Some(&n), NODE, hook, std::env::vars()).unwrap()
     })
     .await;
 

@@ -167,7 +167,10 @@ fn run_args(hook: &Path, kubelet_dir: &Path, inventory: &Path) -> Command {
         "--metrics-listen".into(),
         "off".into(),
     ];
-    Cli::parse_args(args).unwrap().cli.command
+    Cli::parse_with_env(args, |name| std::env::var_os(name))
+        .unwrap()
+        .cli
+        .command
 }
 
 #[tokio::test]

@@ -411,13 +411,16 @@ async fn inventory_reports_the_score_and_refuses_bad_links() {
     let dir = tempfile::tempdir().unwrap();
     let inventory = dir.path().join("inventory.yaml");
     std::fs::write(&inventory, "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 1, links: [{peer: GPU-zzzz}]}\n- {uuid: GPU-zzzz, name: x, memoryMib: 1}\n").unwrap();
-    let cli = Cli::parse_args([
-        "hami-device-plugin".as_ref(),
-        "inventory".as_ref(),
-        "--inventory".as_ref(),
-        inventory.as_os_str(),
-        "--enable-topology-score".as_ref(),
-    ] as [&std::ffi::OsStr; 5])
+    let cli = Cli::parse_with_env(
+        [
+            "hami-device-plugin".as_ref(),
+            "inventory".as_ref(),
+            "--inventory".as_ref(),
+            inventory.as_os_str(),
+            "--enable-topology-score".as_ref(),
+        ] as [&std::ffi::OsStr; 5],
+        |name| std::env::var_os(name),
+    )
     .unwrap()
     .cli;
     let Command::Inventory(args) = cli.command else {

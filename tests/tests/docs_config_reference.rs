@@ -11,7 +11,8 @@
 //!   argument groups and constants included), each variable on the row of its flag;
 //! - the device config (`nvidia:`) and node config (`nodeconfig[]`) keys: `NvidiaConfig` and
 //!   `NodeConfigEntry` serialized, plus every `rename = "…"` / `alias = "…"` of
-//!   `shared/src/config.rs` read as text (aliases do not serialize);
+//!   `shared/src/config/device.rs` and `shared/src/config/node.rs` read as text (aliases do not
+//!   serialize);
 //! - the inventory file's keys: the fields of `FileGpu` in `device-plugin/src/gpu/inventory/file.rs`
 //!   (private, so read as text, camelCased as its serde attribute says) against the example;
 //! - the chart values: every leaf of `charts/hami-limits/values.yaml` (maps of data such as
@@ -22,6 +23,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use clap::CommandFactory;
+use hami_shared::names::{Program, RenamedEnv, deprecated_env};
 use hami_tests::docs::{code_blocks, code_spans, headings, rendered_text, section, table_rows};
 use hami_tests::real::repo;
 
@@ -285,10 +287,10 @@ fn webhook_settings_keys_and_their_environment_names() {
         &mut clap_flags,
     );
     let mut declared: BTreeSet<String> = clap_flags.iter().filter_map(|f| f.env.clone()).collect();
-    declared.insert(hami_webhook::shell::settings_load::ENV_LOG_FORMAT.to_owned());
-    for (old, new) in hami_webhook::shell::settings_load::DEPRECATED_ENV {
-        declared.insert(old.to_owned());
-        declared.insert(new.to_owned());
+    declared.insert(hami_ops::ENV_LOG_FORMAT.to_owned());
+    for renamed in deprecated_env(Program::Webhook) {
+        declared.insert(renamed.old.to_owned());
+        declared.insert(renamed.new.to_owned());
     }
     let longs: BTreeSet<String> = clap_flags.iter().flat_map(|f| f.names.clone()).collect();
     for text in [&main, &kai] {
@@ -352,7 +354,7 @@ fn device_plugin_flags_and_environment() {
         "RUST_LOG".to_owned(),
     ]);
     let mut problems = Vec::new();
-    for (old, new) in hami_device_plugin::cli::RENAMED_ENV {
+    for &RenamedEnv { old, new, .. } in deprecated_env(Program::DevicePlugin) {
         extra.insert(old.to_owned());
         // The deprecated name is on every row of the new one.
         for (title, text) in &tables {
@@ -362,7 +364,7 @@ fn device_plugin_flags_and_environment() {
                     && !code_spans(&env).iter().any(|s| s == old)
                 {
                     problems.push(format!(
-                        "{DOC}, \"{title}\" (line {}): `{new}` without its deprecated name `{old}` (device-plugin/src/cli.rs `RENAMED_ENV`)",
+                        "{DOC}, \"{title}\" (line {}): `{new}` without its deprecated name `{old}` (shared/src/names.rs `DEPRECATED_ENV`)",
                         row.line
                     ));
                 }
@@ -419,13 +421,13 @@ fn device_config_and_node_config_keys() {
     let mut problems = compare(
         &code,
         &first_column(&device),
-        "shared/src/config.rs (`NvidiaConfig`, the `nvidia:` section)",
+        "shared/src/config/device.rs (`NvidiaConfig`, the `nvidia:` section)",
         "\"Device config: device-config.yaml\"",
     );
 
     let entry = serde_json::to_value(hami_shared::config::NodeConfigEntry::default()).unwrap();
     let mut node_keys: BTreeSet<String> = entry.as_object().unwrap().keys().cloned().collect();
-    let source = read("shared/src/config.rs");
+    let source = read("shared/src/config/node.rs");
     let start = source
         .find("pub struct NodeConfigEntry")
         .expect("NodeConfigEntry");
@@ -435,7 +437,7 @@ fn device_config_and_node_config_keys() {
     problems.extend(compare(
         &node_keys,
         &node_listed,
-        "shared/src/config.rs (`NodeConfigEntry`, serde renames and aliases)",
+        "shared/src/config/node.rs (`NodeConfigEntry`, serde renames and aliases)",
         "\"Node config: config.json\"",
     ));
     // filterdevices' own keys, on its row.
@@ -449,17 +451,19 @@ fn device_config_and_node_config_keys() {
             .is_some_and(|r| r.cells.iter().any(|c| c.contains(&format!("\"{key}\""))))
         {
             problems.push(format!(
-                "`filterdevices.{key}` (shared/src/config.rs `FilterDevices`) is not on the `filterdevices` row of {DOC}, \"Node config: config.json\""
+                "`filterdevices.{key}` (shared/src/config/node.rs `FilterDevices`) is not on the `filterdevices` row of {DOC}, \"Node config: config.json\""
             ));
         }
     }
-    // Every serde rename or alias of the file, whichever struct it is on.
+    // Every serde rename or alias of the two files, whichever struct it is on.
     let both = format!("{device}\n{node}");
-    for (name, line) in serde_names(&source) {
-        if !both.contains(&format!("`{name}`")) {
-            problems.push(format!(
-                "`{name}` (serde name at shared/src/config.rs:{line}) is not in {DOC}, \"Device config\" / \"Node config\""
-            ));
+    for file in ["shared/src/config/device.rs", "shared/src/config/node.rs"] {
+        for (name, line) in serde_names(&read(file)) {
+            if !both.contains(&format!("`{name}`")) {
+                problems.push(format!(
+                    "`{name}` (serde name at {file}:{line}) is not in {DOC}, \"Device config\" / \"Node config\""
+                ));
+            }
         }
     }
     report("device config and node config", &problems);

@@ -95,16 +95,19 @@ fn assert_list_reachable(mounts: &[(String, PathBuf)], vgpu: &Path, who: &str) {
 #[test]
 fn hami_pods_get_the_list_and_the_library_through_allocate_mounts() {
     let (_dir, hook) = installed_hook();
-    let report = run_plan(&PlanArgs {
-        pod: repo().join("examples/hami-pod-scheduled.yaml"),
-        node: Some("gpu-0".to_owned()),
-        config: None,
-        node_config: None,
-        hook_path: hook.clone(),
-        inventory: None,
-        write: true,
-        device_list: Default::default(),
-    })
+    let report = run_plan(
+        &PlanArgs {
+            pod: repo().join("examples/hami-pod-scheduled.yaml"),
+            node: Some("gpu-0".to_owned()),
+            config: None,
+            node_config: None,
+            hook_path: hook.clone(),
+            inventory: None,
+            write: true,
+            device_list: Default::default(),
+        },
+        std::env::vars(),
+    )
     .unwrap();
     assert_eq!(report.containers.len(), 1);
     let mounts: Vec<(String, PathBuf)> = report.containers[0]

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{NodeConfigEntry, NvidiaConfig, OperatingMode};
+use hami_shared::config::{NodeConfigEntry, OperatingMode};
 
 use super::device_list::settings::{DeviceListArgs, DeviceListConfigError, ImexRequest};
 use super::device_list::{DeviceListSettings, ImexChannel, under_root};
@@ -50,28 +50,6 @@ pub enum ConfigError {
     },
 }
 
-/// The allocation settings from the global `nvidia:` section and the node's entry.
-pub fn from_configs(
-    global: &NvidiaConfig,
-    node: Option<&NodeConfigEntry>,
-    hook_path: &Path,
-) -> AllocationSettings {
-    let merged = match node {
-        Some(n) => global.with_node(n),
-        None => global.clone(),
-    };
-    AllocationSettings {
-        hook_path: hook_path.to_path_buf(),
-        memory_scaling: merged.device_memory_scaling,
-        disable_core_limit: merged.disable_core_limit,
-        lib_cuda_log_level: merged.lib_cuda_log_level,
-        node_delivery: node.and_then(|n| n.limit_delivery),
-        global_delivery: global.limit_delivery,
-        // From the flags and the device table, set by the caller.
-        ..AllocationSettings::default()
-    }
-}
-
 /// Refuses dynamic MIG for this node.
 pub fn check_operating_mode(
     node: Option<&NodeConfigEntry>,
@@ -98,18 +76,11 @@ pub fn from_plugin_settings(
     if let Some(path) = node_config {
         check_operating_mode(settings.node.as_ref(), path, node_name)?;
     }
-    let nvidia = &settings.nvidia;
-    Ok(AllocationSettings {
-        hook_path: hook_path.to_path_buf(),
-        memory_scaling: nvidia.device_memory_scaling,
-        disable_core_limit: nvidia.disable_core_limit,
-        lib_cuda_log_level: nvidia.lib_cuda_log_level,
-        node_delivery: settings.node.as_ref().and_then(|n| n.limit_delivery),
-        // `with_node` leaves `limitDelivery` as the global section has it.
-        global_delivery: nvidia.limit_delivery,
-        // From the flags and the device table, set by the caller.
-        ..AllocationSettings::default()
-    })
+    Ok(AllocationSettings::for_node(
+        &settings.nvidia,
+        settings.node.as_ref(),
+        hook_path,
+    ))
 }
 
 /// The device list settings from the flags, with the IMEX channels looked for (I/O: the device
@@ -232,14 +203,16 @@ fn imex_channels(
     Ok(channels)
 }
 
-/// Loads the allocation settings for `node_name` (defaults for what the files do not set).
+/// Loads the allocation settings for `node_name` (defaults for what the files do not set) from
+/// the files and the `HAMI_NVIDIA__*` variables of `env`.
 pub fn load_allocation_settings(
     config: Option<&Path>,
     node_config: Option<&Path>,
     node_name: &str,
     hook_path: &Path,
+    env: impl IntoIterator<Item = (String, String)>,
 ) -> Result<AllocationSettings, ConfigError> {
-    let global = load_device_config(config)?;
+    let global = load_device_config(config, env)?;
     let node = match node_config {
         Some(path) => {
             let node = load_node_config(path)?.for_node(node_name);
@@ -248,14 +221,29 @@ pub fn load_allocation_settings(
         }
         None => None,
     };
-    Ok(from_configs(&global.nvidia, node.as_ref(), hook_path))
+    let settings = PluginSettings::resolve(&global.nvidia, node.as_ref());
+    Ok(AllocationSettings::for_node(
+        &settings.nvidia,
+        settings.node.as_ref(),
+        hook_path,
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hami_shared::config::{DeviceConfig, FileText};
+    use hami_shared::config::{DeviceConfig, FileText, NvidiaConfig};
     use hami_shared::values::LimitDelivery;
+
+    /// The allocation settings from the global `nvidia:` section and the node's entry.
+    fn from_configs(
+        global: &NvidiaConfig,
+        node: Option<&NodeConfigEntry>,
+        hook_path: &Path,
+    ) -> AllocationSettings {
+        let settings = PluginSettings::resolve(global, node);
+        AllocationSettings::for_node(&settings.nvidia, node, hook_path)
+    }
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
         let p = dir.join(name);
@@ -312,12 +300,12 @@ mod tests {
             "config.json",
             r#"{"nodeconfig":[{"name":"gpu-0","operatingmode":"mig"}]}"#,
         );
-        let err = load_allocation_settings(None, Some(&node), "gpu-0", Path::new("/u"))
+        let err = load_allocation_settings(None, Some(&node), "gpu-0", Path::new("/u"), [])
             .unwrap_err()
             .to_string();
         assert!(err.contains("operatingmode: mig (dynamic MIG)"), "{err}");
         assert!(err.contains("does not support"), "{err}");
-        assert!(load_allocation_settings(None, Some(&node), "gpu-1", Path::new("/u")).is_ok());
+        assert!(load_allocation_settings(None, Some(&node), "gpu-1", Path::new("/u"), []).is_ok());
         let defaults = from_configs(&NvidiaConfig::default(), None, Path::new("/usr/local"));
         assert_eq!(defaults, AllocationSettings::default());
     }

@@ -344,10 +344,18 @@ mod tests {
             "spec": {"containers": [{"name": "main", "env": env}]}
         }))
         .unwrap();
-        let settings = AllocationSettings {
-            global_delivery: Some(delivery),
-            ..AllocationSettings::default()
+        let global = hami_shared::config::NvidiaConfig {
+            plugin: hami_shared::config::NvidiaPlugin {
+                limit_delivery: Some(delivery),
+                ..Default::default()
+            },
+            ..Default::default()
         };
+        let settings = AllocationSettings::for_node(
+            &global,
+            None,
+            Path::new(hami_shared::names::DEFAULT_HOOK_PATH),
+        );
         let devices = [ContainerDevice {
             uuid: "GPU-a".into(),
             kind: "NVIDIA".into(),

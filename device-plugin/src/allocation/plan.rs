@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use hami_shared::config::{NodeConfigEntry, NvidiaConfig};
 use hami_shared::container::{
     ContainerKey, ContainerKeyError, LimitsBuilder, PlanWarning, SpecEnv, SpecValue, spec_value,
 };
@@ -53,21 +54,38 @@ pub struct AllocationSettings {
 }
 
 impl Default for AllocationSettings {
+    /// The settings of the built-in device config at the default hook path.
     fn default() -> Self {
-        Self {
-            hook_path: PathBuf::from(hami_shared::names::DEFAULT_HOOK_PATH),
-            memory_scaling: 1.0,
-            disable_core_limit: false,
-            lib_cuda_log_level: None,
-            node_delivery: None,
-            global_delivery: None,
-            device_list: DeviceListSettings::default(),
-            node_devices: NodeDevices::default(),
-        }
+        Self::for_node(
+            &NvidiaConfig::default(),
+            None,
+            Path::new(hami_shared::names::DEFAULT_HOOK_PATH),
+        )
     }
 }
 
 impl AllocationSettings {
+    /// The settings of a node, the one way they are built: `nvidia` is the global section with
+    /// the node's entry applied (`NvidiaConfig::with_node`, which leaves `limitDelivery` as the
+    /// global section has it), `node` that entry (for its `limitdelivery`). The device list and
+    /// the node's devices come from the flags and the device table: the caller sets them.
+    pub fn for_node(
+        nvidia: &NvidiaConfig,
+        node: Option<&NodeConfigEntry>,
+        hook_path: &Path,
+    ) -> Self {
+        Self {
+            hook_path: hook_path.to_path_buf(),
+            memory_scaling: nvidia.plugin.device_memory_scaling,
+            disable_core_limit: nvidia.plugin.disable_core_limit,
+            lib_cuda_log_level: nvidia.plugin.lib_cuda_log_level,
+            node_delivery: node.and_then(|n| n.limit_delivery),
+            global_delivery: nvidia.plugin.limit_delivery,
+            device_list: DeviceListSettings::default(),
+            node_devices: NodeDevices::default(),
+        }
+    }
+
     /// `<hook>/vgpu`.
     pub fn vgpu_dir(&self) -> PathBuf {
         self.hook_path.join(VGPU_DIR)

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use hami_shared::names;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
@@ -25,20 +26,20 @@ pub struct PlanArgs {
     pub pod: PathBuf,
     /// The node the pod is bound to (selects the node's entry of the node config).
     /// Required (flag or `HAMI_NODE_NAME`).
-    #[arg(long, env = "HAMI_NODE_NAME", value_name = "NODE")]
+    #[arg(long, env = names::ENV_HAMI_NODE_NAME, value_name = "NODE")]
     pub node: Option<String>,
     /// Global HAMi device config (`device-config.yaml`, `nvidia:` section).
-    #[arg(long = "config", env = "HAMI_DEVICE_CONFIG", value_name = "FILE")]
+    #[arg(long = "config", env = names::ENV_HAMI_DEVICE_CONFIG, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Per-node config (`config.json` with `nodeconfig: [...]`).
-    #[arg(long = "node-config", env = "HAMI_NODE_CONFIG", value_name = "FILE")]
+    #[arg(long = "node-config", env = names::ENV_HAMI_NODE_CONFIG, value_name = "FILE")]
     pub node_config: Option<PathBuf>,
     /// HAMi-core's install directory (`<DIR>/vgpu/containers/...`).
-    #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
+    #[arg(long = "hook-path", env = names::ENV_HAMI_HOOK_PATH, default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
     pub hook_path: PathBuf,
     /// YAML list of GPUs instead of NVML (read only when a device list setting needs the
     /// node's GPUs: DEVICE_ID_STRATEGY=index, PASS_DEVICE_SPECS=true).
-    #[arg(long, env = crate::gpu::inventory::ENV_INVENTORY, value_name = "FILE")]
+    #[arg(long, env = names::ENV_HAMI_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
     /// Also create the directories and publish the limits files, as `run` would.
     #[arg(long)]
@@ -191,8 +192,11 @@ pub fn read_pod(path: &Path) -> Result<Pod, DryRunError> {
     })
 }
 
-/// Runs `plan`.
-pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
+/// Runs `plan`, with the `HAMI_NVIDIA__*` variables of `env` over the device config.
+pub fn run_plan(
+    args: &PlanArgs,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<PlanReport, DryRunError> {
     let node = args
         .node
         .clone()
@@ -204,6 +208,7 @@ pub fn run_plan(args: &PlanArgs) -> Result<PlanReport, DryRunError> {
         args.node_config.as_deref(),
         &node,
         &args.hook_path,
+        env,
     )?;
     let (device_list, device_list_notes) = device_list_settings(&args.device_list)?;
     settings.device_list = device_list;

@@ -162,7 +162,7 @@ fn check_device_plugin_mounts(
 /// condition for `defaultGPUNum`).
 fn names_share_limit(
     container: &Container<'_>,
-    nvidia: &crate::policy::settings::NvidiaSettings,
+    nvidia: &hami_shared::config::NvidiaAdmission,
 ) -> bool {
     [
         &nvidia.resource_memory_name,

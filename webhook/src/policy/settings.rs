@@ -3,17 +3,19 @@
 //! its documented default. No file or environment is read here: the layered loading (defaults <
 //! file < `HAMI_*` variables) is `crate::shell::settings_load`'s.
 //!
-//! Keys use HAMi's names where HAMi has them: the `nvidia:` section mirrors HAMi's
-//! `device-config.yaml` (its other keys are accepted and ignored, so HAMi's own file can be passed
-//! as is). The `server:` and `kai:` sections are ours: an unknown key there is refused with a
-//! message naming it. The top level and `nvidia:` stay lenient, for HAMi's file.
+//! Keys use HAMi's names where HAMi has them: the `nvidia:` section is the part of HAMi's
+//! `device-config.yaml` section that admission reads ([`NvidiaAdmission`], in `hami-shared`, the
+//! one definition of those keys, which the device plugin's `NvidiaConfig` holds too); its other
+//! keys are accepted and ignored, so HAMi's own file can be passed as is. The `server:` and `kai:`
+//! sections are ours: an unknown key there is refused with a message naming it. The top level and
+//! `nvidia:` stay lenient, for HAMi's file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use hami_ops::LogFormat;
-use hami_shared::values::CorePolicy;
+use hami_shared::config::NvidiaAdmission;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::kai::settings::KaiSettings;
@@ -23,7 +25,7 @@ use crate::policy::kai::settings::KaiSettings;
 #[serde(rename_all = "camelCase", default)]
 pub struct Settings {
     /// HAMi's NVIDIA device settings (same names as HAMi's `device-config.yaml` `nvidia:`).
-    pub nvidia: NvidiaSettings,
+    pub nvidia: NvidiaAdmission,
     /// The HAMi scheduler that GPU pods are sent to (HAMi's `--scheduler-name`).
     pub scheduler_name: String,
     /// Deny a privileged GPU container (it sees every GPU on the node); when false it is allowed
@@ -35,7 +37,7 @@ pub struct Settings {
     pub kai: KaiSettings,
     /// A HAMi `device-config.yaml` (e.g. HAMi's own ConfigMap, mounted) whose `nvidia:` section is
     /// used instead of one in this file (its other sections are ignored). Read by the loader
-    /// (`Settings::load`, in `crate::shell::settings_load`);
+    /// (`Settings::load_from_env`, in `crate::shell::settings_load`);
     /// this file may then have no `nvidia:` section.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_config_file: Option<PathBuf>,
@@ -44,67 +46,13 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Self {
-            nvidia: NvidiaSettings::default(),
+            nvidia: NvidiaAdmission::default(),
             scheduler_name: "hami-scheduler".to_owned(),
             deny_privileged_gpu_containers: true,
             server: ServerSettings::default(),
             kai: KaiSettings::default(),
             device_config_file: None,
         }
-    }
-}
-
-/// The HAMi resource names and the core policy. Names as in HAMi's device config.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct NvidiaSettings {
-    /// Default `nvidia.com/gpu`.
-    pub resource_count_name: String,
-    /// Default `nvidia.com/gpumem`.
-    pub resource_memory_name: String,
-    /// Default `nvidia.com/gpumem-percentage`.
-    pub resource_memory_percentage_name: String,
-    /// Default `nvidia.com/gpucores`.
-    pub resource_core_name: String,
-    /// Default `nvidia.com/priority`.
-    pub resource_priority_name: String,
-    /// `default` (nothing set), `force` or `disable` (set as `GPU_CORE_UTILIZATION_POLICY`).
-    pub gpu_core_policy: CorePolicy,
-    /// HAMi's `defaultGPUNum`: a container whose limits name the memory, memory-percentage or
-    /// core resource but not the count gets `<resourceCountName>: N` (0: nothing added). Default 1.
-    #[serde(rename = "defaultGPUNum")]
-    pub default_gpu_num: u32,
-    /// HAMi's `overwriteEnv`: every container of a HAMi pod that gets no GPU gets
-    /// `NVIDIA_VISIBLE_DEVICES=none`. Default false.
-    pub overwrite_env: bool,
-}
-
-impl Default for NvidiaSettings {
-    fn default() -> Self {
-        Self {
-            resource_count_name: "nvidia.com/gpu".to_owned(),
-            resource_memory_name: "nvidia.com/gpumem".to_owned(),
-            resource_memory_percentage_name: "nvidia.com/gpumem-percentage".to_owned(),
-            resource_core_name: "nvidia.com/gpucores".to_owned(),
-            resource_priority_name: "nvidia.com/priority".to_owned(),
-            gpu_core_policy: CorePolicy::Default,
-            default_gpu_num: 1,
-            overwrite_env: false,
-        }
-    }
-}
-
-impl NvidiaSettings {
-    /// The resource names that make a container a HAMi GPU container.
-    #[must_use]
-    pub fn gpu_resource_names(&self) -> [&str; 5] {
-        [
-            &self.resource_count_name,
-            &self.resource_memory_name,
-            &self.resource_memory_percentage_name,
-            &self.resource_core_name,
-            &self.resource_priority_name,
-        ]
     }
 }
 
@@ -221,6 +169,7 @@ impl ServerSettings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hami_shared::values::CorePolicy;
 
     #[test]
     fn defaults_match_hami() {

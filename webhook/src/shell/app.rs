@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
+use hami_shared::names;
 use tracing::{error, info, warn};
 
 use crate::policy::settings::{ServerSettings, Settings};
@@ -42,7 +43,7 @@ enum Command {
 #[derive(Debug, Args)]
 struct ConfigArg {
     /// Settings file (YAML or JSON); HAMI_* environment variables override it.
-    #[arg(long, env = "HAMI_WEBHOOK_CONFIG")]
+    #[arg(long, env = names::ENV_HAMI_WEBHOOK_CONFIG)]
     config: Option<PathBuf>,
 }
 
@@ -117,7 +118,8 @@ pub fn main() -> ExitCode {
         Command::Review(a) => a.config.config.as_deref(),
         Command::Mutate(a) => a.config.config.as_deref(),
     };
-    let (mut settings, notices) = match Settings::load(config) {
+    // The process environment is read here, once, for the settings loader.
+    let (mut settings, notices) = match Settings::load_from_env(config, std::env::vars()) {
         Ok(s) => s,
         Err(e) => return fail(&e.to_string()),
     };

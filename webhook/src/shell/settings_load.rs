@@ -1,8 +1,9 @@
 //! The webhook's settings loaded: built-in defaults < a YAML/JSON file (`--config`) < environment
 //! variables prefixed `HAMI_` with `__` between levels (e.g. `HAMI_NVIDIA__GPUCOREPOLICY=force`,
 //! `HAMI_SERVER__BODYLIMITBYTES=1048576`), with the shared layered loader. The typed settings are
-//! [`crate::policy::settings`]'s; this module is the file and environment reading, and defines
-//! [`Settings::load`] on them.
+//! [`crate::policy::settings`]'s; this module reads the file and defines
+//! [`Settings::load_from_env`] on them. The environment's pairs come from the composition root
+//! (`crate::shell::app`), the one place that reads the process environment.
 //!
 //! Old environment names keep working, each with a deprecation notice (logged once by the
 //! program): `PER_GPU_VRAM_MIB` → `HAMI_KAI__PER_GPU_VRAM_MIB`. `HAMI_LOG_FORMAT`, the name the
@@ -10,31 +11,34 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::policy::settings::{NvidiaSettings, Settings};
+use hami_shared::config::{FileText, NvidiaAdmission, load_layered_with_schema};
+use hami_shared::names::{self, Program, RenamedEnv};
+
+use crate::policy::settings::Settings;
 
 /// A settings file or environment value that could not be used.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct SettingsError(pub String);
 
-/// Environment names that still work, each with the name to use instead.
-pub const DEPRECATED_ENV: [(&str, &str); 1] = [("PER_GPU_VRAM_MIB", "HAMI_KAI__PER_GPU_VRAM_MIB")];
-
-/// `HAMI_LOG_FORMAT`: the log format variable every hami-limits program reads.
-pub const ENV_LOG_FORMAT: &str = "HAMI_LOG_FORMAT";
-
-/// Map the old environment names onto the layered ones (a layered name, when also set, wins) and
-/// say what was mapped, so that every variable is read by one mechanism.
+/// Map the old environment names (the webhook's entries of the shared table,
+/// [`names::deprecated_env`]) and `HAMI_LOG_FORMAT` onto the layered ones (a layered name, when
+/// also set, wins) and say what was mapped, so that every variable is read by one mechanism.
 fn with_current_names(
     env: impl IntoIterator<Item = (String, String)>,
 ) -> (Vec<(String, String)>, Vec<String>) {
     let mut env: Vec<(String, String)> = env.into_iter().collect();
     let mut notices = Vec::new();
-    let renames = DEPRECATED_ENV
-        .iter()
-        .map(|&(old, new)| (old, new, true))
-        .chain([(ENV_LOG_FORMAT, "HAMI_SERVER__LOGFORMAT", false)]);
-    for (old, new, deprecated) in renames {
+    let log_format = RenamedEnv {
+        old: hami_ops::ENV_LOG_FORMAT,
+        new: names::ENV_HAMI_SERVER_LOG_FORMAT,
+        program: Program::Webhook,
+    };
+    let renames = names::deprecated_env(Program::Webhook)
+        .map(|r| (*r, true))
+        .chain([(log_format, false)]);
+    for (renamed, deprecated) in renames {
+        let RenamedEnv { old, new, .. } = renamed;
         let Some(value) = env.iter().find(|(k, _)| k == old).map(|(_, v)| v.clone()) else {
             continue;
         };
@@ -44,12 +48,12 @@ fn with_current_names(
         };
         if env.iter().any(|(k, _)| set(k)) {
             if deprecated {
-                notices.push(format!("{old} is deprecated and ignored: {new} is set"));
+                notices.push(renamed.ignored_notice());
             }
             continue;
         }
         if deprecated {
-            notices.push(format!("{old} is deprecated: use {new}"));
+            notices.push(renamed.notice());
         }
         env.push((new.to_owned(), value));
     }
@@ -101,7 +105,7 @@ fn with_device_config(path: &Path, text: &str) -> Result<String, SettingsError> 
         )));
     };
     // The section's values are checked here, so that an error names the file they are in.
-    serde_yaml_ng::from_value::<NvidiaSettings>(nvidia.clone()).map_err(|e| {
+    serde_yaml_ng::from_value::<NvidiaAdmission>(nvidia.clone()).map_err(|e| {
         SettingsError(format!(
             "{} (deviceConfigFile of {}): nvidia: {e}",
             device_file.display(),
@@ -113,20 +117,12 @@ fn with_device_config(path: &Path, text: &str) -> Result<String, SettingsError> 
 }
 
 impl Settings {
-    /// Defaults < `file` (YAML or JSON) < `HAMI_*` environment variables. Returns the settings
-    /// and a notice per deprecated environment name in use (the caller logs them once).
+    /// Defaults < `file` (YAML or JSON) < `HAMI_*` environment variables of `env`. Returns the
+    /// settings and a notice per deprecated environment name in use (the caller logs them once).
     ///
     /// # Errors
     /// A file that cannot be read or a key whose value is not accepted; the message names the file,
     /// the key and the value.
-    pub fn load(file: Option<&Path>) -> Result<(Self, Vec<String>), SettingsError> {
-        Self::load_from_env(file, std::env::vars())
-    }
-
-    /// [`Self::load`] with an explicit environment.
-    ///
-    /// # Errors
-    /// As [`Self::load`].
     pub fn load_from_env<I>(
         file: Option<&Path>,
         env: I,
@@ -152,11 +148,10 @@ impl Settings {
         };
         let file = file
             .zip(text.as_deref())
-            .map(|(path, text)| hami_shared::config::FileText { path, text });
+            .map(|(path, text)| FileText { path, text });
         let (env, notices) = with_current_names(env);
-        let settings =
-            hami_shared::config::load_layered_with_schema::<Settings, _>(file, "HAMI", env)
-                .map_err(|e| SettingsError(e.to_string()))?;
+        let settings = load_layered_with_schema::<Settings, _>(file, names::CONFIG_ENV_PREFIX, env)
+            .map_err(|e| SettingsError(e.to_string()))?;
         Ok((settings, notices))
     }
 }
@@ -228,7 +223,7 @@ mod tests {
             )],
         )
         .unwrap();
-        assert_eq!(s.nvidia, NvidiaSettings::default());
+        assert_eq!(s.nvidia, NvidiaAdmission::default());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! unit tests.
 
 use clap::{ArgAction, Args};
+use hami_shared::names;
 use serde::Serialize;
 
 use super::{
@@ -58,7 +59,7 @@ pub struct DeviceListArgs {
     #[arg(
         long = "driver-root-ctr-path",
         visible_alias = "container-driver-root",
-        env = "DRIVER_ROOT_CTR_PATH",
+        env = names::ENV_DRIVER_ROOT_CTR_PATH,
         value_name = "DIR"
     )]
     pub driver_root_ctr_path: Option<String>,
@@ -74,7 +75,7 @@ pub struct DeviceListArgs {
     #[arg(
         long = "nvidia-cdi-hook-path",
         visible_alias = "nvidia-ctk-path",
-        env = "NVIDIA_CDI_HOOK_PATH",
+        env = names::ENV_NVIDIA_CDI_HOOK_PATH,
         value_name = "PATH"
     )]
     pub nvidia_cdi_hook_path: Option<String>,

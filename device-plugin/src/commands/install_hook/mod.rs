@@ -39,10 +39,10 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 use hami_shared::PublishError;
-use hami_shared::names::{DEFAULT_HOOK_PATH, LIBVGPU_SO};
+use hami_shared::names::{self, DEFAULT_HOOK_PATH, LIBVGPU_SO};
 use hami_shared::node_gpus::NodeGpusError;
 
-use crate::gpu::inventory::{ENV_INVENTORY, InventoryError};
+use crate::gpu::inventory::InventoryError;
 
 mod execute;
 mod node_gpus;
@@ -77,11 +77,11 @@ pub struct InstallHookArgs {
     pub preload: PathBuf,
     /// HAMi's hook path on the host, `HOOK` (the same value as `run --hook-path`): an absolute
     /// path without whitespace, `:` or `..`; the files go to `HOOK/vgpu/`.
-    #[arg(long = "hook-path", env = "HAMI_HOOK_PATH", default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
+    #[arg(long = "hook-path", env = names::ENV_HAMI_HOOK_PATH, default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
     pub hook_path: PathBuf,
     /// YAML list of GPUs (the file `run --inventory` reads) for `HOOK/vgpu/node-gpus`, on a
     /// machine without NVIDIA GPUs; without it the GPUs come from NVML.
-    #[arg(long = "inventory", env = ENV_INVENTORY, value_name = "FILE")]
+    #[arg(long = "inventory", env = names::ENV_HAMI_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
 }
 

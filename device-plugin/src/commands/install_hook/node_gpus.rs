@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use hami_shared::node_gpus::{NodeGpu, NodeGpus};
 
-use crate::gpu::inventory::{ENV_INVENTORY, FileInventory, Gpu, GpuInventory, InventoryError};
+use hami_shared::names::ENV_HAMI_INVENTORY;
+
+use crate::gpu::inventory::{FileInventory, Gpu, GpuInventory, InventoryError};
 use crate::gpu::nvml::NvmlInventory;
 
 use super::InstallHookError;
@@ -88,7 +90,7 @@ impl fmt::Display for NoNodeGpus {
                 "NVML is not available ({reason}): give this container NVML (the NVIDIA container \
                  runtime, e.g. runtimeClassName nvidia, with NVIDIA_VISIBLE_DEVICES=all and \
                  NVIDIA_DRIVER_CAPABILITIES=utility), or on a machine without NVIDIA GPUs pass \
-                 --inventory FILE (env {ENV_INVENTORY})"
+                 --inventory FILE (env {ENV_HAMI_INVENTORY})"
             ),
             Self::NoGpu(GpuSource::Nvml) => f.write_str(
                 "NVML lists no GPU: give this container every GPU (NVIDIA_VISIBLE_DEVICES=all \

@@ -14,8 +14,6 @@ mod file;
 use crate::gpu::topology::GpuLinks;
 pub use file::{FileInventory, parse_inventory, parse_links};
 
-/// Environment name of `--inventory FILE` (`run`, `inventory` and `install-hook`).
-pub const ENV_INVENTORY: &str = "HAMI_INVENTORY";
 
 /// One physical GPU as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
