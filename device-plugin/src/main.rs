@@ -5,12 +5,51 @@ use std::process::ExitCode;
 
 use hami_device_plugin::app::{self, AppError};
 use hami_device_plugin::cli::{Cli, Command};
-use hami_device_plugin::commands::install_hook::NodeGpusReport;
+use hami_device_plugin::commands::install_hook::{self, InstallReport, NodeGpusReport};
+use hami_device_plugin::commands::plan::{self as dry_run, PlanReport};
 
 fn print_json(value: &impl serde::Serialize) {
     match serde_json::to_string_pretty(value) {
         Ok(text) => println!("{text}"),
         Err(error) => eprintln!("hami-device-plugin: {error}"),
+    }
+}
+
+/// `plan`: the notes on stderr, the report as JSON on stdout.
+fn print_plan(report: &PlanReport) {
+    for note in &report.notes {
+        eprintln!("hami-device-plugin plan: nothing to allocate: {note}");
+    }
+    if report.removed_temporaries > 0 {
+        eprintln!(
+            "hami-device-plugin plan: removed {} leftover temporary file(s) of an interrupted --write",
+            report.removed_temporaries
+        );
+    }
+    print_json(report);
+}
+
+/// `install-hook`: what was done in the log, one line per file on stdout.
+fn print_install(report: &InstallReport) {
+    if report.removed_temporaries > 0 {
+        tracing::info!(
+            count = report.removed_temporaries,
+            "removed leftover temporary files of an earlier run"
+        );
+    }
+    for dir in &report.created_dirs {
+        tracing::info!(dir = %dir.display(), "created directory");
+    }
+    if let NodeGpusReport::Withdrawn {
+        path,
+        reason,
+        removed,
+    } = &report.node_gpus
+    {
+        tracing::warn!(file = %path.display(), removed_stale = removed, %reason, "no node GPU file published");
+    }
+    for line in report.lines() {
+        println!("{line}");
     }
 }
 
@@ -52,39 +91,12 @@ fn main() -> ExitCode {
                     print!("{}", app::render_report(&report));
                 }
             }),
-            Command::Plan(args) => hami_device_plugin::commands::plan::run_plan(&args, app::config_environment())
+            Command::Plan(args) => dry_run::run_plan(&args, app::config_environment())
                 .map_err(AppError::from)
-                .map(|report| {
-                    for note in &report.notes {
-                        eprintln!("hami-device-plugin plan: nothing to allocate: {note}");
-                    }
-                    if report.removed_temporaries > 0 {
-                        eprintln!(
-                            "hami-device-plugin plan: removed {} leftover temporary file(s) of an interrupted --write",
-                            report.removed_temporaries
-                        );
-                    }
-                    print_json(&report);
-                }),
-            Command::InstallHook(args) => hami_device_plugin::commands::install_hook::install_hook(&args)
+                .map(|report| print_plan(&report)),
+            Command::InstallHook(args) => install_hook::install_hook(&args)
                 .map_err(AppError::from)
-                .map(|report| {
-                    if report.removed_temporaries > 0 {
-                        tracing::info!(
-                            count = report.removed_temporaries,
-                            "removed leftover temporary files of an earlier run"
-                        );
-                    }
-                    for dir in &report.created_dirs {
-                        tracing::info!(dir = %dir.display(), "created directory");
-                    }
-                    if let NodeGpusReport::Withdrawn { path, reason, removed } = &report.node_gpus {
-                        tracing::warn!(file = %path.display(), removed_stale = removed, %reason, "no node GPU file published");
-                    }
-                    for line in report.lines() {
-                        println!("{line}");
-                    }
-                }),
+                .map(|report| print_install(&report)),
         }
     });
     match result {

@@ -108,7 +108,8 @@ where
     let line = ["hami-device-plugin".into(), "run".into()]
         .into_iter()
         .chain(flags.into_iter().map(Into::into));
-    let parsed = Cli::parse_with_env(line, |name| std::env::var_os(name)).map_err(|e| RunCommandError::Flags(e.to_string()))?;
+    let parsed = Cli::parse_with_env(line, |name| std::env::var_os(name))
+        .map_err(|e| RunCommandError::Flags(e.to_string()))?;
     match parsed.cli.command {
         Command::Run(args) => Ok(args),
         _ => Err(RunCommandError::NotRun),

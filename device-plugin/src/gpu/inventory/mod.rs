@@ -14,7 +14,6 @@ mod file;
 use crate::gpu::topology::GpuLinks;
 pub use file::{FileInventory, parse_inventory, parse_links};
 
-
 /// One physical GPU as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,0 +1,72 @@
+//! The `Allocate` handler `run` installs, with the collector of dead pods' files beside it.
+
+use std::sync::Arc;
+
+use super::{AppError, RunContext, seconds};
+use crate::allocation::{collector, executor};
+use crate::kubelet::service::AllocateHandler;
+
+/// The `Allocate` handler `run` installs: the [`executor::Allocator`] with its settings from the
+/// device and node config (dynamic MIG refused here, at start), reading pods from the run's
+/// `PodCache` (fed by a watch of the node's pods), and the [`collector::Collector`]
+/// started beside it. Without an API server client (`--skip-node-register`) the pod cannot be
+/// found, so only `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
+pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler>, AppError> {
+    // From the settings loaded at start: the configuration files are read once.
+    let mut settings = crate::allocation::config::from_plugin_settings(
+        &ctx.settings,
+        ctx.source.node_config.as_deref(),
+        &ctx.node_name,
+        &ctx.allocate.hook_path,
+    )?;
+    settings.device_list = ctx.device_list.clone();
+    settings.node_devices = ctx.node_devices.clone();
+    let collect = collector::CollectorSettings {
+        interval: seconds("collect-interval", ctx.allocate.collect_interval)?,
+        grace: seconds("collect-grace", ctx.allocate.collect_grace)?,
+    };
+    let Some(client) = &ctx.client else {
+        tracing::warn!(
+            "no API server (--skip-node-register): Allocate answers NVIDIA_VISIBLE_DEVICES only, without limits"
+        );
+        return Ok(Arc::new(crate::kubelet::service::VisibleDevicesOnly));
+    };
+    tracing::info!(
+        hook_path = %settings.hook_path.display(),
+        memory_scaling = settings.memory_scaling,
+        disable_core_limit = settings.disable_core_limit,
+        node_delivery = ?settings.node_delivery.map(|d| d.as_str()),
+        global_delivery = ?settings.global_delivery.map(|d| d.as_str()),
+        device_list_strategy = ?settings.device_list.strategies.as_slice().iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        device_id_strategy = settings.device_list.id_strategy.as_str(),
+        pass_device_specs = settings.device_list.pass_device_specs,
+        collect_interval_s = collect.interval.as_secs_f64(),
+        collect_grace_s = collect.grace.as_secs_f64(),
+        "allocation settings"
+    );
+    // Once at start, what every HAMi-core allocation needs: the host's /tmp/vgpulock (0777, as
+    // HAMi makes it) and a hook folder with HAMi-core and a preload list it can honour.
+    let lock = std::path::Path::new(hami_shared::names::VGPU_LOCK_PATH);
+    if let Err(error) = executor::ensure_lock_dir(lock) {
+        tracing::error!(%error, "HAMi-core's lock folder is not usable; every allocation will fail until it is");
+    }
+    if let Err(error) =
+        crate::allocation::hook::HookFolder::read(&settings.vgpu_dir()).check_ready()
+    {
+        tracing::error!(%error, hook = %settings.vgpu_dir().display(), "the hook folder cannot serve HAMi-core containers; their allocations fail until it can (it is read again on every Allocate)");
+    }
+    let collector = collector::Collector::new(
+        client.clone(),
+        ctx.node_name.clone(),
+        settings.containers_dir(),
+        collect,
+    )
+    .with_metrics(Arc::clone(&ctx.metrics));
+    tokio::spawn(collector.run(std::future::pending()));
+    let mut allocator = executor::Allocator::new(client.clone(), ctx.node_name.clone(), settings)
+        .with_metrics(Arc::clone(&ctx.metrics));
+    if let Some(pods) = &ctx.pod_cache {
+        allocator = allocator.with_pod_cache(Arc::clone(pods));
+    }
+    Ok(Arc::new(allocator))
+}
