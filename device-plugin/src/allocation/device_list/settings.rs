@@ -593,7 +593,10 @@ mod tests {
                 assert!(e.contains(w), "{e:?} lacks {w:?}");
             }
         }
-        // A custom prefix is checked only where it is used.
+    }
+
+    #[test]
+    fn a_custom_cdi_prefix_is_checked_only_where_it_is_used() {
         let a = args(|a| a.cdi_annotation_prefix = Some("x".into()));
         assert!(a.parse().is_ok());
         let a = args(|a| {

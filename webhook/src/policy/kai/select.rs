@@ -162,6 +162,20 @@ mod tests {
         serde_json::from_str(json).unwrap()
     }
 
+    /// (pod json, settings, selected annotation)
+    type SelectionCase<'a> = (&'a str, &'a KaiSettings, Option<&'a str>);
+
+    fn assert_selection(cases: &[SelectionCase<'_>]) {
+        for (json, settings, expected) in cases {
+            let p = pod(json);
+            assert_eq!(
+                select(&p, settings).map(|r| r.annotation),
+                *expected,
+                "{json}"
+            );
+        }
+    }
+
     #[test]
     fn selection_table() {
         let kai = KaiSettings::default();
@@ -173,8 +187,7 @@ mod tests {
             scheduler_names: vec!["kai-scheduler".into(), "default-scheduler".into()],
             ..KaiSettings::default()
         };
-        // (pod json, settings, selected annotation)
-        let cases: &[(&str, &KaiSettings, Option<&str>)] = &[
+        let cases: &[SelectionCase<'_>] = &[
             (
                 r#"{"metadata":{"annotations":{"gpu-fraction":"0.5"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
                 &kai,
@@ -226,6 +239,15 @@ mod tests {
                 &kai,
                 None,
             ),
+        ];
+        assert_selection(cases);
+    }
+
+    /// The opt-outs: `kai-resource-isolator.io/inject: false` (any case) and the webhook label.
+    #[test]
+    fn selection_table_opt_outs() {
+        let kai = KaiSettings::default();
+        let cases: &[SelectionCase<'_>] = &[
             (
                 r#"{"metadata":{"annotations":{"gpu-fraction":"0.5","kai-resource-isolator.io/inject":"false"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
                 &kai,
@@ -257,14 +279,7 @@ mod tests {
                 None,
             ),
         ];
-        for (json, settings, expected) in cases {
-            let p = pod(json);
-            assert_eq!(
-                select(&p, settings).map(|r| r.annotation),
-                *expected,
-                "{json}"
-            );
-        }
+        assert_selection(cases);
     }
 
     #[test]
