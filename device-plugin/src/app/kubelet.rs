@@ -12,8 +12,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::ops::OpsServer;
-use super::run::RunContext;
 use super::{AppError, Discovered, discover};
+use crate::allocation::device_list::{DeviceListSettings, NodeDevices};
 use crate::allocation::mig::MigAllocate;
 use crate::cli::{RunArgs, SourceArgs};
 use crate::gpu::devices::{Advertised, DeviceTable};
@@ -112,29 +112,26 @@ pub(super) fn log_advertised(
 /// list alone (refused here when the device list settings cannot be honoured for one of them).
 pub(super) fn plugin_states(
     advertised: &Advertised,
-    context: &RunContext,
+    settings: &PluginSettings,
+    (device_list, node_devices): (&DeviceListSettings, &NodeDevices),
     allocate: &Arc<dyn AllocateHandler>,
     pending: &Arc<dyn PendingPodDevices>,
 ) -> Result<Vec<(String, Arc<SharedState>)>, AppError> {
     let mut states = Vec::with_capacity(advertised.resources.len());
     for r in &advertised.resources {
         let handler: Arc<dyn AllocateHandler> = if r.table.is_mig() {
-            let mig = MigAllocate::new(
-                context.device_list.clone(),
-                context.node_devices.clone(),
-                &r.table,
-            )
-            .map_err(|source| AppError::MigDeviceList {
-                resource: r.resource_name.clone(),
-                source,
-            })?;
+            let mig = MigAllocate::new(device_list.clone(), node_devices.clone(), &r.table)
+                .map_err(|source| AppError::MigDeviceList {
+                    resource: r.resource_name.clone(),
+                    source,
+                })?;
             Arc::new(mig)
         } else {
             Arc::clone(allocate)
         };
         let state = SharedState::new(
             r.table.clone(),
-            context.settings.preferred_allocation,
+            settings.preferred_allocation,
             handler,
             Arc::clone(pending),
         );

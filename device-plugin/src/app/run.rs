@@ -253,7 +253,8 @@ async fn serve<S: Future<Output = ()>>(
     };
     let allocate = make_allocate(&context)?;
     let pending = pending_pods(client.as_ref(), pod_cache, &start.node_name);
-    let states = plugin_states(&advertised, &context, &allocate, &pending)?;
+    let lists = (&context.device_list, &context.node_devices);
+    let states = plugin_states(&advertised, settings, lists, &allocate, &pending)?;
     watch_health(
         inventory.as_ref(),
         &found,
