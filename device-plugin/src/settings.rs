@@ -67,6 +67,9 @@ pub struct PluginSettings {
     pub nvidia: NvidiaConfig,
     /// The node's merged `nodeconfig` entry, if any (for `Allocate`: `limitdelivery`).
     pub node: Option<NodeConfigEntry>,
+    /// Where the node's entry gives a value HAMi v2.10's plugin would not (a written `false` or
+    /// `0` its merge skips), one sentence each; logged as warnings at start.
+    pub hami_differences: Vec<String>,
 }
 
 impl Default for PluginSettings {
@@ -120,6 +123,7 @@ impl PluginSettings {
             operating_mode: node
                 .and_then(|n| n.operating_mode)
                 .unwrap_or(OperatingMode::HamiCore),
+            hami_differences: node.map_or_else(Vec::new, |n| global.hami_merge_differences(n)),
             nvidia,
             node: node.cloned(),
         }
@@ -257,6 +261,44 @@ mod tests {
         assert!(load(None, "on"));
         assert!(!load(None, "other"));
         assert!(!PluginSettings::default().numa_topology);
+    }
+
+    #[test]
+    fn values_hamis_merge_would_skip_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let global = write(
+            dir.path(),
+            "device-config.yaml",
+            "nvidia:\n  enableNumaTopology: true\n  preConfiguredDeviceMemory: 24576\n",
+        );
+        let nodes = write(
+            dir.path(),
+            "config.json",
+            r#"{"nodeconfig":[{"name":"zeros","enablenumatopology":false,"preconfigureddevicememory":0},{"name":"same","enablenumatopology":true,"preconfigureddevicememory":8192}]}"#,
+        );
+        let load = |g: Option<&Path>, n: &str| {
+            PluginSettings::load(g, Some(&nodes), Some(n), no_env()).unwrap()
+        };
+        let zeros = load(Some(&global), "zeros");
+        // The written values are honoured ...
+        assert!(!zeros.numa_topology);
+        assert_eq!(zeros.nvidia.plugin.pre_configured_device_memory, 0);
+        // ... and each difference from HAMi v2.10 is named, with both keys and both results.
+        assert_eq!(
+            zeros.hami_differences.len(),
+            2,
+            "{:?}",
+            zeros.hami_differences
+        );
+        assert!(zeros.hami_differences[0].contains("\"zeros\""));
+        assert!(zeros.hami_differences[0].contains("enablenumatopology: false"));
+        assert!(zeros.hami_differences[0].contains("nvidia.enableNumaTopology: true"));
+        assert!(zeros.hami_differences[1].contains("preconfigureddevicememory: 0"));
+        assert!(zeros.hami_differences[1].contains("nvidia.preConfiguredDeviceMemory: 24576"));
+        // Non-zero values merge as in HAMi; no entry, or no global value to keep: nothing to say.
+        assert!(load(Some(&global), "same").hami_differences.is_empty());
+        assert!(load(Some(&global), "other").hami_differences.is_empty());
+        assert!(load(None, "zeros").hami_differences.is_empty());
     }
 
     #[test]

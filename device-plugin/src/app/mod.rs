@@ -139,6 +139,9 @@ pub fn load_settings(source: &SourceArgs) -> Result<PluginSettings, SettingsErro
         config_environment(),
     )?;
     settings.numa_topology |= source.numa_topology;
+    for difference in &settings.hami_differences {
+        tracing::warn!(key = "nodeconfig", "{difference}");
+    }
     Ok(settings)
 }
 

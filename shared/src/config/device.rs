@@ -202,10 +202,38 @@ impl NvidiaConfig {
         if let Some(v) = node.pre_configured_device_memory {
             out.plugin.pre_configured_device_memory = v;
         }
-        // HAMi's `readFromConfigFile` merges the entry with `mergo.WithOverride`: a set pointer,
-        // `false` included, replaces the global value.
+        // A written value, `false` and `0` included, replaces the global one: what the operator
+        // wrote. HAMi v2.10's `readFromConfigFile` (`server.go`) merges with mergo v0.3.16 and
+        // `WithOverride`, which skips a pointer to `false` or `0`; where that differs,
+        // [`NvidiaConfig::hami_merge_differences`] says so.
         if let Some(v) = node.enable_numa_topology {
             out.plugin.enable_numa_topology = Some(v);
+        }
+        out
+    }
+
+    /// Where [`Self::with_node`] gives `node` a value HAMi v2.10's plugin would not: HAMi merges
+    /// a node entry over the global section with mergo v0.3.16 (`mergo.Merge(…,
+    /// mergo.WithOverride)` in `readFromConfigFile`, `server.go`), which treats a pointer to
+    /// `false` or `0` as empty and keeps the global value. Ours honours the written value (the
+    /// zero split count and scalings HAMi would also skip are refused instead, naming the key);
+    /// each line names the node, both keys and both results, for a start-up warning.
+    pub fn hami_merge_differences(&self, node: &NodeConfigEntry) -> Vec<String> {
+        let mut out = Vec::new();
+        if node.enable_numa_topology == Some(false)
+            && self.plugin.enable_numa_topology == Some(true)
+        {
+            out.push(format!(
+                "node {:?}: enablenumatopology: false overrides nvidia.enableNumaTopology: true, so its kubelet devices carry no NUMA node; HAMi v2.10's plugin kept true here (its merge skips false): remove the global value or the node's to make the two agree",
+                node.name
+            ));
+        }
+        let global_memory = self.plugin.pre_configured_device_memory;
+        if node.pre_configured_device_memory == Some(0) && global_memory != 0 {
+            out.push(format!(
+                "node {:?}: preconfigureddevicememory: 0 unsets nvidia.preConfiguredDeviceMemory: {global_memory}, so a GPU whose NVML reports no memory is not advertised; HAMi v2.10's plugin kept {global_memory} here (its merge skips 0): remove the node's value to keep the global one",
+                node.name
+            ));
         }
         out
     }

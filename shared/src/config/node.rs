@@ -100,8 +100,9 @@ pub struct NodeConfigEntry {
     /// `libcudaloglevel` 0..=4.
     #[serde(rename = "libcudaloglevel")]
     pub lib_cuda_log_level: Option<u8>,
-    /// `preconfigureddevicememory` MiB: overrides the global `preConfiguredDeviceMemory` (0 =
-    /// unset), as HAMi merges its node entries over the global section.
+    /// `preconfigureddevicememory` MiB: overrides the global `preConfiguredDeviceMemory`, `0`
+    /// (unset) included — HAMi v2.10 keeps the global value for a `0`
+    /// ([`crate::config::NvidiaConfig::hami_merge_differences`]).
     #[serde(rename = "preconfigureddevicememory")]
     pub pre_configured_device_memory: Option<u64>,
     /// `migstrategy` (kept as written).
@@ -117,7 +118,8 @@ pub struct NodeConfigEntry {
     #[serde(rename = "limitdelivery", alias = "limitDelivery")]
     pub limit_delivery: Option<LimitDelivery>,
     /// `enablenumatopology` (also accepted as `enableNumaTopology`): overrides the global
-    /// `enableNumaTopology`, `false` included.
+    /// `enableNumaTopology`, `false` included — HAMi v2.10 keeps a global `true` for a `false`
+    /// ([`crate::config::NvidiaConfig::hami_merge_differences`]).
     #[serde(rename = "enablenumatopology", alias = "enableNumaTopology")]
     pub enable_numa_topology: Option<bool>,
 }
