@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hami_ops::Exposed;
 use hami_shared::values::{DeliverySource, LimitDelivery};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -376,17 +377,11 @@ impl Metrics {
             Err(()) => self.node_patch_errors.inc(),
         };
     }
+}
 
-    /// The OpenMetrics text exposition (with the `process_*` metrics).
-    #[must_use]
-    pub fn encode(&self) -> String {
-        self.encode_as(hami_ops::Exposition::OpenMetrics)
-    }
-
-    /// The exposition in `format`, followed by the `process_*` metrics.
-    #[must_use]
-    pub fn encode_as(&self, format: hami_ops::Exposition) -> String {
-        hami_ops::encode(&self.registry, format)
+impl Exposed for Metrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
     }
 }
 

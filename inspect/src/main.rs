@@ -164,70 +164,34 @@ impl<W: Write> Reporter<'_, W> {
 }
 
 fn check(file: Option<PathBuf>, json: bool, example: bool) -> u8 {
-    let (name, input): (String, Box<dyn Read>) = if example {
-        (
-            "built-in example".to_owned(),
-            Box::new(EXAMPLE.as_bytes()) as Box<dyn Read>,
-        )
-    } else {
-        match open_input(file.as_ref()) {
-            Ok(v) => v,
-            Err(msg) => {
-                eprintln!("hami-limits: {msg}");
-                return EXIT_UNREADABLE;
-            }
-        }
+    let (name, input) = match check_input(file.as_ref(), example) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    if example && !json {
-        let header = format!(
-            "Example limits file, as the device plugin publishes it for a container with a 3000 MiB, \
-             50 % GPU share\n(host: <HOOK_PATH>/vgpu/containers/<pod-uid>_<container>.limits, \
-             container: /overrideEnv):\n\n{EXAMPLE}\nDiagnostics ({}):",
-            limits_file::parse(EXAMPLE).diagnostics.len()
-        );
-        if writeln!(out, "{header}").is_err() {
-            return EXIT_UNREADABLE;
-        }
+    if example && !json && write_example_header(&mut out).is_err() {
+        return EXIT_UNREADABLE;
     }
     if json && write!(out, "{{\"diagnostics\":[").is_err() {
         return EXIT_UNREADABLE;
     }
-    let mut reader = std::io::BufReader::with_capacity(64 * 1024, input);
     let mut parser = LineParser::new();
-    let mut line = Vec::with_capacity(limits_file::MAX_LINE_BYTES + 1);
     let mut reporter = Reporter {
         out: &mut out,
         json,
         count: 0,
         failed: None,
     };
-    let mut ends_with_newline = true;
-    loop {
-        match read_line_bounded(&mut reader, &mut line, limits_file::MAX_LINE_BYTES + 1) {
-            Ok((0, _)) => break,
-            Ok((length, newline)) => {
-                let raw = if newline && line.last() == Some(&b'\n') {
-                    &line[..line.len() - 1]
-                } else {
-                    &line[..]
-                };
-                let length = if newline { length } else { length + 1 };
-                parser.line(raw, length, &mut |d| reporter.emit(d));
-                if !newline {
-                    ends_with_newline = false;
-                    break;
-                }
-            }
-            Err(e) => {
-                drop(reporter);
-                // What is still buffered is dropped, not written: the output would be cut short.
-                let _ = out.into_parts();
-                eprintln!("hami-limits: cannot read {name}: {e}");
-                return EXIT_UNREADABLE;
-            }
+    let ends_with_newline = match parse_lines(input, &mut parser, &mut reporter) {
+        Ok(ends_with_newline) => ends_with_newline,
+        Err(e) => {
+            drop(reporter);
+            // What is still buffered is dropped, not written: the output would be cut short.
+            let _ = out.into_parts();
+            eprintln!("hami-limits: cannot read {name}: {e}");
+            return EXIT_UNREADABLE;
         }
-    }
+    };
     parser.finish(ends_with_newline, &mut |d| reporter.emit(d));
     let count = reporter.count;
     if reporter.failed.is_some() {
@@ -236,12 +200,7 @@ fn check(file: Option<PathBuf>, json: bool, example: bool) -> u8 {
     let lines = parser.lines();
     let (format, entries) = parser.into_parts();
     let tail = if json {
-        serde_json::to_string(&entries)
-            .map_err(std::io::Error::other)
-            .and_then(|entries| {
-                let format = format.map_or_else(|| "null".to_owned(), |f| f.to_string());
-                writeln!(out, "],\"format\":{format},\"entries\":{entries}}}")
-            })
+        write_json_tail(&mut out, format, &entries)
     } else if example && count == 0 {
         writeln!(out, "(none)")
     } else {
@@ -264,6 +223,72 @@ fn check(file: Option<PathBuf>, json: bool, example: bool) -> u8 {
     }
 }
 
+/// What `check` reads: the built-in example, the file, or standard input; the exit status when
+/// it cannot be opened (the reason printed).
+fn check_input(file: Option<&PathBuf>, example: bool) -> Result<(String, Box<dyn Read>), u8> {
+    if example {
+        return Ok((
+            "built-in example".to_owned(),
+            Box::new(EXAMPLE.as_bytes()) as Box<dyn Read>,
+        ));
+    }
+    open_input(file).map_err(|msg| {
+        eprintln!("hami-limits: {msg}");
+        EXIT_UNREADABLE
+    })
+}
+
+/// `check --example`'s text header: where the file lives, the file, the diagnostics count.
+fn write_example_header(out: &mut impl Write) -> std::io::Result<()> {
+    let header = format!(
+        "Example limits file, as the device plugin publishes it for a container with a 3000 MiB, \
+         50 % GPU share\n(host: <HOOK_PATH>/vgpu/containers/<pod-uid>_<container>.limits, \
+         container: /overrideEnv):\n\n{EXAMPLE}\nDiagnostics ({}):",
+        limits_file::parse(EXAMPLE).diagnostics.len()
+    );
+    writeln!(out, "{header}")
+}
+
+/// Feeds `input` to `parser` line by line (each held to HAMi-core's line length), the
+/// diagnostics going to `reporter` as they are found. Returns whether the last line ended with a
+/// newline.
+fn parse_lines<W: Write>(
+    input: Box<dyn Read>,
+    parser: &mut LineParser,
+    reporter: &mut Reporter<'_, W>,
+) -> std::io::Result<bool> {
+    let mut reader = std::io::BufReader::with_capacity(64 * 1024, input);
+    let mut line = Vec::with_capacity(limits_file::MAX_LINE_BYTES + 1);
+    loop {
+        let (length, newline) =
+            read_line_bounded(&mut reader, &mut line, limits_file::MAX_LINE_BYTES + 1)?;
+        if length == 0 {
+            return Ok(true);
+        }
+        let raw = if newline && line.last() == Some(&b'\n') {
+            &line[..line.len() - 1]
+        } else {
+            &line[..]
+        };
+        let length = if newline { length } else { length + 1 };
+        parser.line(raw, length, &mut |d| reporter.emit(d));
+        if !newline {
+            return Ok(false);
+        }
+    }
+}
+
+/// The end of `check --json`'s object, after the streamed diagnostics: the format and entries.
+fn write_json_tail(
+    out: &mut impl Write,
+    format: Option<u32>,
+    entries: &std::collections::BTreeMap<String, String>,
+) -> std::io::Result<()> {
+    let entries = serde_json::to_string(entries).map_err(std::io::Error::other)?;
+    let format = format.map_or_else(|| "null".to_owned(), |f| f.to_string());
+    writeln!(out, "],\"format\":{format},\"entries\":{entries}}}")
+}
+
 /// One diagnostic as a text line: `line N: …`, or `file: …` for one about the whole file.
 fn diagnostic_line(d: &Diagnostic) -> String {
     if d.line == 0 {
@@ -275,21 +300,55 @@ fn diagnostic_line(d: &Diagnostic) -> String {
 
 /// `check --node-gpus FILE`: the node GPU file as the preload library reads it.
 fn check_node_gpus(file: &PathBuf, json: bool) -> u8 {
-    let (name, input) = match open_input(Some(file)) {
+    let (name, bytes) = match read_node_gpus(file) {
         Ok(v) => v,
-        Err(msg) => {
-            eprintln!("hami-limits: {msg}");
-            return EXIT_UNREADABLE;
-        }
+        Err(code) => return code,
     };
+    let parsed = parse_node_gpus(&bytes);
+    let usable = parsed.usable() && bytes.len() <= NODE_GPUS_READ_LIMIT_BYTES;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = if json {
+        writeln!(out, "{}", node_gpus_json(&parsed, usable))
+    } else {
+        parsed
+            .diagnostics
+            .iter()
+            .try_for_each(|d| writeln!(out, "{}", diagnostic_line(d)))
+    };
+    if written.and_then(|()| out.flush()).is_err() {
+        return EXIT_UNREADABLE;
+    }
+    if !json {
+        eprintln!("{}", node_gpus_summary(&name, &parsed, usable));
+    }
+    if parsed.diagnostics.is_empty() {
+        EXIT_CLEAN
+    } else {
+        EXIT_DIAGNOSTICS
+    }
+}
+
+/// The node GPU file's name and at most [`NODE_GPUS_CHECK_BYTES`] + 1 of its bytes (one more
+/// tells a longer file); the exit status when it cannot be read (the reason printed).
+fn read_node_gpus(file: &PathBuf) -> Result<(String, Vec<u8>), u8> {
+    let (name, input) = open_input(Some(file)).map_err(|msg| {
+        eprintln!("hami-limits: {msg}");
+        EXIT_UNREADABLE
+    })?;
     let mut bytes = Vec::new();
     if let Err(e) = input
         .take(NODE_GPUS_CHECK_BYTES as u64 + 1)
         .read_to_end(&mut bytes)
     {
         eprintln!("hami-limits: cannot read {name}: {e}");
-        return EXIT_UNREADABLE;
+        return Err(EXIT_UNREADABLE);
     }
+    Ok((name, bytes))
+}
+
+/// The file as the reference reader parses it, with an error first when it is longer than the
+/// preload library reads.
+fn parse_node_gpus(bytes: &[u8]) -> node_gpus::ParsedNodeGpus {
     let mut parsed = node_gpus::parse(&bytes[..bytes.len().min(NODE_GPUS_CHECK_BYTES)]);
     if bytes.len() > NODE_GPUS_READ_LIMIT_BYTES {
         let size = if bytes.len() > NODE_GPUS_CHECK_BYTES {
@@ -308,73 +367,62 @@ fn check_node_gpus(file: &PathBuf, json: bool) -> u8 {
             },
         );
     }
-    let usable = parsed.usable() && bytes.len() <= NODE_GPUS_READ_LIMIT_BYTES;
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let written = if json {
-        let gpus: serde_json::Map<String, serde_json::Value> = parsed
-            .memory_mib
-            .keys()
-            .chain(parsed.uuids.keys())
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .map(|minor| {
-                (
-                    minor.to_string(),
-                    serde_json::json!({
-                        "mib": parsed.memory_mib.get(minor),
-                        "uuid": parsed.uuids.get(minor),
-                    }),
-                )
-            })
-            .collect();
-        let doc = serde_json::json!({
-            "diagnostics": parsed.diagnostics,
-            "format": parsed.format,
-            "gpus": gpus,
-            "usable": usable,
-        });
-        writeln!(out, "{doc}")
-    } else {
+    parsed
+}
+
+/// `check --node-gpus --json`'s object: diagnostics, format, the GPUs by minor, usable.
+fn node_gpus_json(parsed: &node_gpus::ParsedNodeGpus, usable: bool) -> serde_json::Value {
+    let gpus: serde_json::Map<String, serde_json::Value> = parsed
+        .memory_mib
+        .keys()
+        .chain(parsed.uuids.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|minor| {
+            (
+                minor.to_string(),
+                serde_json::json!({
+                    "mib": parsed.memory_mib.get(minor),
+                    "uuid": parsed.uuids.get(minor),
+                }),
+            )
+        })
+        .collect();
+    serde_json::json!({
+        "diagnostics": parsed.diagnostics,
+        "format": parsed.format,
+        "gpus": gpus,
+        "usable": usable,
+    })
+}
+
+/// `check --node-gpus`'s summary line on standard error.
+fn node_gpus_summary(name: &str, parsed: &node_gpus::ParsedNodeGpus, usable: bool) -> String {
+    let gpus: Vec<String> = parsed
+        .memory_mib
+        .iter()
+        .map(|(minor, mib)| format!("/dev/nvidia{minor} {mib} MiB"))
+        .collect();
+    format!(
+        "hami-limits: {name}: node GPU file, format {}, {} GPUs ({}), {}, {} diagnostics",
         parsed
-            .diagnostics
-            .iter()
-            .try_for_each(|d| writeln!(out, "{}", diagnostic_line(d)))
-    };
-    if written.and_then(|()| out.flush()).is_err() {
-        return EXIT_UNREADABLE;
-    }
-    if !json {
-        let gpus: Vec<String> = parsed
-            .memory_mib
-            .iter()
-            .map(|(minor, mib)| format!("/dev/nvidia{minor} {mib} MiB"))
-            .collect();
-        eprintln!(
-            "hami-limits: {name}: node GPU file, format {}, {} GPUs ({}), {}, {} diagnostics",
-            parsed
-                .format
-                .map_or_else(|| "absent".to_owned(), |f| f.to_string()),
-            gpus.len(),
-            if gpus.is_empty() {
-                "none".to_owned()
-            } else {
-                gpus.join(", ")
-            },
-            if usable {
-                "used by the preload library".to_owned()
-            } else {
-                format!(
-                    "ignored by the preload library (it reads a format-{NODE_GPUS_FORMAT_VERSION} file without errors)"
-                )
-            },
-            parsed.diagnostics.len(),
-        );
-    }
-    if parsed.diagnostics.is_empty() {
-        EXIT_CLEAN
-    } else {
-        EXIT_DIAGNOSTICS
-    }
+            .format
+            .map_or_else(|| "absent".to_owned(), |f| f.to_string()),
+        gpus.len(),
+        if gpus.is_empty() {
+            "none".to_owned()
+        } else {
+            gpus.join(", ")
+        },
+        if usable {
+            "used by the preload library".to_owned()
+        } else {
+            format!(
+                "ignored by the preload library (it reads a format-{NODE_GPUS_FORMAT_VERSION} file without errors)"
+            )
+        },
+        parsed.diagnostics.len(),
+    )
 }
 
 fn main() -> ExitCode {

@@ -127,6 +127,26 @@ pub enum Exposition {
     Prometheus,
 }
 
+/// A program's metrics: its registry, exposed in either text format with the `process_*` metrics
+/// (the webhook's and the device plugin's `Metrics` implement it; one definition of both
+/// expositions).
+pub trait Exposed {
+    /// The registry the program's metrics are registered in.
+    fn registry(&self) -> &Registry;
+
+    /// The exposition in `format`, followed by the `process_*` metrics.
+    #[must_use]
+    fn encode_as(&self, format: Exposition) -> String {
+        encode(self.registry(), format)
+    }
+
+    /// The OpenMetrics text exposition (with the `process_*` metrics).
+    #[must_use]
+    fn encode(&self) -> String {
+        self.encode_as(Exposition::OpenMetrics)
+    }
+}
+
 /// A program's registry in `format`, followed by the standard `process_*` metrics
 /// ([`process::ProcessCollector`], unprefixed, as every Prometheus client library names them).
 #[must_use]

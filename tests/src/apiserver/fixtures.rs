@@ -137,63 +137,20 @@ pub fn gpu_node_json(name: &str, index: usize) -> Result<Value, ApiServerError> 
     static CELL: OnceLock<Result<Value, String>> = OnceLock::new();
     let mut v = template(&CELL, "gpu-node.json", GPU_NODE_JSON)?;
     let (model, zone) = node_profile(index);
-    let zone_id = ZONES
-        .iter()
-        .find(|(z, _)| *z == zone)
-        .map_or("use1-az4", |(_, id)| *id);
     let ip = format!(
         "10.{}.{}.{}",
         (index >> 16) & 0xff,
         (index >> 8) & 0xff,
         index & 0xff
     );
-    let set = |v: &mut Value, path: &[&str], value: Value| {
-        let mut cur = v;
-        for p in &path[..path.len() - 1] {
-            cur = &mut cur[*p];
-        }
-        cur[path[path.len() - 1]] = value;
-    };
     set(&mut v, &["metadata", "name"], json!(name));
-    let labels = [
-        ("kubernetes.io/hostname", name.to_string()),
-        (
-            "beta.kubernetes.io/instance-type",
-            model.instance_type.to_string(),
-        ),
-        (
-            "node.kubernetes.io/instance-type",
-            model.instance_type.to_string(),
-        ),
-        ("nvidia.com/gpu.machine", model.instance_type.to_string()),
-        ("failure-domain.beta.kubernetes.io/zone", zone.to_string()),
-        ("topology.kubernetes.io/zone", zone.to_string()),
-        ("topology.ebs.csi.aws.com/zone", zone.to_string()),
-        ("topology.k8s.aws/zone-id", zone_id.to_string()),
-        ("nvidia.com/gpu.product", model.product.to_string()),
-        ("nvidia.com/gpu.memory", model.memory_mib.to_string()),
-        ("nvidia.com/gpu.count", model.count.to_string()),
-        ("nvidia.com/gpu.family", model.family.to_string()),
-        ("nvidia.com/gpu.compute.major", model.compute.0.to_string()),
-        ("nvidia.com/gpu.compute.minor", model.compute.1.to_string()),
-    ];
-    for (k, val) in labels {
+    for (k, val) in node_labels(name, model, zone) {
         set(&mut v, &["metadata", "labels", k], json!(val));
     }
-    let register: String = (0..model.count)
-        .map(|g| {
-            format!(
-                "{},10,{},100,{},0,true,{g},hami-core:",
-                hex_uuid(index, g),
-                model.memory_mib,
-                model.product
-            )
-        })
-        .collect();
     set(
         &mut v,
         &["metadata", "annotations", "hami.io/node-nvidia-register"],
-        json!(register),
+        json!(register_annotation(index, model)),
     );
     set(
         &mut v,
@@ -224,24 +181,82 @@ pub fn gpu_node_json(name: &str, index: usize) -> Result<Value, ApiServerError> 
             { "type": "Hostname", "address": name },
         ]),
     );
+    set_gpu_resources(&mut v, model);
+    Ok(v)
+}
+
+/// Sets the value at `path` (every key but the last must lead to an object).
+fn set(v: &mut Value, path: &[&str], value: Value) {
+    let mut cur = v;
+    for p in &path[..path.len() - 1] {
+        cur = &mut cur[*p];
+    }
+    cur[path[path.len() - 1]] = value;
+}
+
+/// The node's labels: host name, instance type, zone and GFD's GPU labels of `model`.
+fn node_labels(name: &str, model: &GpuModel, zone: &'static str) -> [(&'static str, String); 14] {
+    let zone_id = ZONES
+        .iter()
+        .find(|(z, _)| *z == zone)
+        .map_or("use1-az4", |(_, id)| *id);
+    [
+        ("kubernetes.io/hostname", name.to_string()),
+        (
+            "beta.kubernetes.io/instance-type",
+            model.instance_type.to_string(),
+        ),
+        (
+            "node.kubernetes.io/instance-type",
+            model.instance_type.to_string(),
+        ),
+        ("nvidia.com/gpu.machine", model.instance_type.to_string()),
+        ("failure-domain.beta.kubernetes.io/zone", zone.to_string()),
+        ("topology.kubernetes.io/zone", zone.to_string()),
+        ("topology.ebs.csi.aws.com/zone", zone.to_string()),
+        ("topology.k8s.aws/zone-id", zone_id.to_string()),
+        ("nvidia.com/gpu.product", model.product.to_string()),
+        ("nvidia.com/gpu.memory", model.memory_mib.to_string()),
+        ("nvidia.com/gpu.count", model.count.to_string()),
+        ("nvidia.com/gpu.family", model.family.to_string()),
+        ("nvidia.com/gpu.compute.major", model.compute.0.to_string()),
+        ("nvidia.com/gpu.compute.minor", model.compute.1.to_string()),
+    ]
+}
+
+/// `hami.io/node-nvidia-register` for node `index`'s GPUs of `model`, as HAMi's plugin writes it.
+fn register_annotation(index: usize, model: &GpuModel) -> String {
+    (0..model.count)
+        .map(|g| {
+            format!(
+                "{},10,{},100,{},0,true,{g},hami-core:",
+                hex_uuid(index, g),
+                model.memory_mib,
+                model.product
+            )
+        })
+        .collect()
+}
+
+/// Capacity and allocatable of HAMi's three resources for the node's GPUs.
+fn set_gpu_resources(v: &mut Value, model: &GpuModel) {
     for section in ["capacity", "allocatable"] {
         set(
-            &mut v,
+            v,
             &["status", section, "nvidia.com/gpu"],
             json!((model.count * 10).to_string()),
         );
         set(
-            &mut v,
+            v,
             &["status", section, "nvidia.com/gpucores"],
             json!((model.count * 100).to_string()),
         );
         set(
-            &mut v,
+            v,
             &["status", section, "nvidia.com/gpumem"],
             json!((u64::from(model.count) * model.memory_mib).to_string()),
         );
     }
-    Ok(v)
 }
 
 /// The node fixture renamed and varied for node number `index`.

@@ -19,7 +19,7 @@ use super::patch::{self, PatchKind};
 use super::resources::{self, ResourceType};
 use super::selector::{Filter, parse_field_selector, parse_label_selector};
 use super::status::{ApiError, json_response};
-use super::store::{Preconditions, WatchFrom, meta_str};
+use super::store::{ListPage, Preconditions, WatchFrom, meta_str};
 use super::watch::{self, Projection, WatchOptions};
 
 /// A discovery or health path.
@@ -326,61 +326,94 @@ fn list(
         return Err(ApiError::path_not_found());
     }
     let filter = filter(p, query)?;
-    let limit = match query.get("limit") {
-        Some(l) => Some(
-            l.parse::<usize>()
-                .map_err(|_| ApiError::bad_request(format!("invalid limit: {l:?}")))?,
-        ),
-        None => None,
-    };
-    let continue_token = query.get("continue").filter(|c| !c.is_empty());
-    let rv = query.get("resourceVersion").filter(|r| !r.is_empty());
-    let rv_match = query.get("resourceVersionMatch").filter(|r| !r.is_empty());
-    if rv_match.is_some() && rv.is_none() {
-        return Err(list_options_invalid(
-            "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
-        ));
-    }
-    if continue_token.is_some() && rv.is_some_and(|r| r != "0") {
-        return Err(list_options_invalid(
-            "resourceVersion: Forbidden: specifying resource version is not allowed when using continue",
-        ));
-    }
-    if let Some(m) = rv_match
-        && m != "NotOlderThan"
-        && m != "Exact"
-    {
-        return Err(list_options_invalid(&format!(
-            "resourceVersionMatch: Unsupported value: {m:?}: supported values: \"Exact\", \"NotOlderThan\""
-        )));
-    }
+    let options = ListQuery::parse(query)?;
     let mut store = server.store();
-    if let Some(rv) = rv.filter(|r| *r != "0") {
-        let wanted: u64 = rv.parse().map_err(|_| {
-            ApiError::bad_request(format!(
-                "invalid resource version {rv:?}: must be an unsigned integer"
-            ))
-        })?;
-        let current = store.current_rv();
-        if wanted > current {
-            return Err(ApiError {
-                code: 504,
-                reason: "Timeout",
-                message: format!("Too large resource version: {wanted}, current: {current}"),
-                details: Some(
-                    json!({ "causes": [{ "reason": "ResourceVersionTooLarge", "message": "Too large resource version" }], "retryAfterSeconds": 1 }),
-                ),
-            });
+    if let Some(rv) = options.rv.filter(|r| *r != "0") {
+        check_list_rv(rv, options.rv_match, store.current_rv())?;
+    }
+    let page = store.list_page(p.rt, &filter, options.limit, options.continue_token)?;
+    drop(store);
+    Ok(json_response(StatusCode::OK, list_body(p, headers, &page)))
+}
+
+/// A list's query parameters, checked against each other as the real API server does.
+struct ListQuery<'q> {
+    limit: Option<usize>,
+    continue_token: Option<&'q str>,
+    rv: Option<&'q str>,
+    rv_match: Option<&'q str>,
+}
+
+impl<'q> ListQuery<'q> {
+    fn parse(query: &'q HashMap<String, String>) -> Result<Self, ApiError> {
+        let limit = match query.get("limit") {
+            Some(l) => Some(
+                l.parse::<usize>()
+                    .map_err(|_| ApiError::bad_request(format!("invalid limit: {l:?}")))?,
+            ),
+            None => None,
+        };
+        let non_empty = |key: &str| query.get(key).map(String::as_str).filter(|v| !v.is_empty());
+        let continue_token = non_empty("continue");
+        let rv = non_empty("resourceVersion");
+        let rv_match = non_empty("resourceVersionMatch");
+        if rv_match.is_some() && rv.is_none() {
+            return Err(list_options_invalid(
+                "resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided",
+            ));
         }
-        if rv_match.is_some_and(|m| m == "Exact") && wanted != current {
-            // Only the newest state is kept; an exact read of an older one is treated as compacted.
-            return Err(ApiError::expired(format!(
-                "too old resource version: {wanted} ({current})"
+        if continue_token.is_some() && rv.is_some_and(|r| r != "0") {
+            return Err(list_options_invalid(
+                "resourceVersion: Forbidden: specifying resource version is not allowed when using continue",
+            ));
+        }
+        if let Some(m) = rv_match
+            && m != "NotOlderThan"
+            && m != "Exact"
+        {
+            return Err(list_options_invalid(&format!(
+                "resourceVersionMatch: Unsupported value: {m:?}: supported values: \"Exact\", \"NotOlderThan\""
             )));
         }
+        Ok(Self {
+            limit,
+            continue_token,
+            rv,
+            rv_match,
+        })
     }
-    let page = store.list_page(p.rt, &filter, limit, continue_token.map(String::as_str))?;
-    drop(store);
+}
+
+/// A list at resourceVersion `rv` (not `0`) against the store's `current` one: too large is a
+/// 504 with `ResourceVersionTooLarge`; an exact read of an older state is treated as compacted.
+fn check_list_rv(rv: &str, rv_match: Option<&str>, current: u64) -> Result<(), ApiError> {
+    let wanted: u64 = rv.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "invalid resource version {rv:?}: must be an unsigned integer"
+        ))
+    })?;
+    if wanted > current {
+        return Err(ApiError {
+            code: 504,
+            reason: "Timeout",
+            message: format!("Too large resource version: {wanted}, current: {current}"),
+            details: Some(
+                json!({ "causes": [{ "reason": "ResourceVersionTooLarge", "message": "Too large resource version" }], "retryAfterSeconds": 1 }),
+            ),
+        });
+    }
+    if rv_match.is_some_and(|m| m == "Exact") && wanted != current {
+        // Only the newest state is kept; an exact read of an older one is treated as compacted.
+        return Err(ApiError::expired(format!(
+            "too old resource version: {wanted} ({current})"
+        )));
+    }
+    Ok(())
+}
+
+/// The list object of `page`: kind and apiVersion of the projection asked for, the list
+/// metadata, the items rendered one by one.
+fn list_body(p: &ResourcePath, headers: &HeaderMap, page: &ListPage) -> Vec<u8> {
     let proj = projection(headers);
     let (kind, api_version) = match proj {
         Projection::Full => (p.rt.list_kind(), p.rt.api_version()),
@@ -410,7 +443,7 @@ fn list(
         body.extend_from_slice(b);
     }
     body.extend_from_slice(b"]}");
-    Ok(json_response(StatusCode::OK, body))
+    body
 }
 
 fn watch(

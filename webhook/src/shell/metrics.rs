@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use hami_ops::Exposed;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -255,18 +256,11 @@ impl Metrics {
         let c = &self.certificates;
         (c.reload_success.get(), c.reload_failure.get())
     }
+}
 
-    /// The OpenMetrics text exposition (with the `process_*` metrics), for tests.
-    #[cfg(test)]
-    #[must_use]
-    pub fn encode(&self) -> String {
-        self.encode_as(hami_ops::Exposition::OpenMetrics)
-    }
-
-    /// The exposition in `format`, followed by the `process_*` metrics.
-    #[must_use]
-    pub fn encode_as(&self, format: hami_ops::Exposition) -> String {
-        hami_ops::encode(&self.registry, format)
+impl Exposed for Metrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
     }
 }
 

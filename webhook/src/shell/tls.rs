@@ -296,6 +296,8 @@ pub fn server_config(store: Arc<CertStore>) -> Result<Arc<ServerConfig>, TlsErro
 
 #[cfg(test)]
 mod tests {
+    use hami_ops::Exposed;
+
     use super::*;
 
     /// Every distinct state of the two files is counted once: a key without its certificate

@@ -22,7 +22,7 @@ pub mod state;
 use std::future::Future;
 use std::sync::Arc;
 
-use hami_ops::Readiness;
+use hami_ops::{Exposed, Readiness};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
