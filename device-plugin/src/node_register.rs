@@ -139,6 +139,30 @@ pub struct NodeRegisterConfig {
 /// The component name on the plugin's Events.
 pub const REPORTING_CONTROLLER: &str = "hami-device-plugin";
 
+/// The plugin's Event recorder on `node_name` (reported by [`REPORTING_CONTROLLER`] from that
+/// node): the node register loop's and the allocator's.
+pub fn recorder(client: kube::Client, node_name: &str) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: REPORTING_CONTROLLER.to_owned(),
+            instance: Some(node_name.to_owned()),
+        },
+    )
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary (Events notes are limited to 1 kB).
+pub fn truncate_note(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
 /// The reason of the asymmetric-link Event (HAMi's).
 pub const REASON_ASYMMETRIC_LINK: &str = "AsymmetricGPUP2PLink";
 
@@ -161,6 +185,7 @@ async fn warn_asymmetric_links(
     node: &Node,
     pairs: &[(String, String)],
 ) -> bool {
+    const MAX_NOTE: usize = 1024;
     let reference = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
@@ -169,13 +194,8 @@ async fn warn_asymmetric_links(
         ..ObjectReference::default()
     };
     let mut note = asymmetric_links_note(pairs);
-    if note.len() > 1024 {
-        let mut end = 1021;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str("...");
+    if note.len() > MAX_NOTE {
+        note = truncate_note(&note, MAX_NOTE - 3) + "...";
     }
     let event = Event {
         type_: EventType::Warning,
@@ -187,35 +207,21 @@ async fn warn_asymmetric_links(
     match recorder.publish(&event, &reference).await {
         Ok(()) => true,
         Err(error) => {
-            tracing::warn!(%error, reason = REASON_ASYMMETRIC_LINK, "cannot record the node Event");
+            tracing::warn!(%error, node = ?reference.name, reason = REASON_ASYMMETRIC_LINK, "cannot record the node Event");
             false
         }
     }
 }
 
-/// Makes the node carry `desired` as `hami.io/node-nvidia-register`; returns whether a patch was
-/// sent.
-pub async fn ensure_annotation(
+/// Makes the node `node_name` (`node`, as just read) carry every `(key, value)` of `desired`; one merge patch of those
+/// that differ (HAMi patches the register and score annotations together); returns whether one
+/// was sent.
+pub async fn patch_annotations(
     nodes: &Api<Node>,
     node_name: &str,
-    desired: &str,
-) -> Result<bool, kube::Error> {
-    ensure_annotations(
-        nodes,
-        node_name,
-        &[(ANNOTATION_NODE_NVIDIA_REGISTER, desired)],
-    )
-    .await
-}
-
-/// Makes the node carry every `(key, value)` of `desired`; one merge patch of those that differ
-/// (HAMi patches the register and score annotations together); returns whether one was sent.
-pub async fn ensure_annotations(
-    nodes: &Api<Node>,
-    node_name: &str,
+    node: &Node,
     desired: &[(&str, &str)],
 ) -> Result<bool, kube::Error> {
-    let node = nodes.get(node_name).await?;
     let current = node.metadata.annotations.as_ref();
     let changed: serde_json::Map<String, serde_json::Value> = desired
         .iter()
@@ -255,24 +261,10 @@ pub async fn run_node_register_observed(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let nodes: Api<Node> = Api::all(client.clone());
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: REPORTING_CONTROLLER.to_owned(),
-            instance: Some(config.node_name.clone()),
-        },
-    );
+    let recorder = recorder(client, &config.node_name);
     let mut asymmetric_warned: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
-        let due = asymmetric_warned.is_none_or(|t| t.elapsed() >= ASYMMETRIC_EVENT_EVERY);
-        if !config.asymmetric_links.is_empty()
-            && due
-            && let Ok(node) = nodes.get(&config.node_name).await
-            && warn_asymmetric_links(&recorder, &node, &config.asymmetric_links).await
-        {
-            asymmetric_warned = Some(tokio::time::Instant::now());
-        }
         let desired = register_annotation(&table.borrow_and_update(), config.scaling);
         let mut annotations = vec![(ANNOTATION_NODE_NVIDIA_REGISTER, desired.as_str())];
         if let Some(score) = &config.score {
@@ -281,7 +273,22 @@ pub async fn run_node_register_observed(
                 score.as_str(),
             ));
         }
-        let wait = match ensure_annotations(&nodes, &config.node_name, &annotations).await {
+        // One read of the node a pass, for the annotations and the Event.
+        let node = nodes.get(&config.node_name).await;
+        if let Ok(node) = &node {
+            let due = asymmetric_warned.is_none_or(|t| t.elapsed() >= ASYMMETRIC_EVENT_EVERY);
+            if !config.asymmetric_links.is_empty()
+                && due
+                && warn_asymmetric_links(&recorder, node, &config.asymmetric_links).await
+            {
+                asymmetric_warned = Some(tokio::time::Instant::now());
+            }
+        }
+        let patched = match node {
+            Ok(node) => patch_annotations(&nodes, &config.node_name, &node, &annotations).await,
+            Err(error) => Err(error),
+        };
+        let wait = match patched {
             Ok(patched) => {
                 metrics.observe_node_patch(Ok(patched));
                 if patched {

@@ -214,19 +214,15 @@ pub fn load_allocation_settings(
 ) -> Result<AllocationSettings, ConfigError> {
     let global = load_device_config(config, env)?;
     let node = match node_config {
-        Some(path) => {
-            let node = load_node_config(path)?.for_node(node_name);
-            check_operating_mode(node.as_ref(), path, node_name)?;
-            node
-        }
+        Some(path) => load_node_config(path)?.for_node(node_name),
         None => None,
     };
-    let settings = PluginSettings::resolve(&global.nvidia, node.as_ref());
-    Ok(AllocationSettings::for_node(
-        &settings.nvidia,
-        settings.node.as_ref(),
+    from_plugin_settings(
+        &PluginSettings::resolve(&global.nvidia, node.as_ref()),
+        node_config,
+        node_name,
         hook_path,
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -308,6 +304,15 @@ mod tests {
         assert!(load_allocation_settings(None, Some(&node), "gpu-1", Path::new("/u"), []).is_ok());
         let defaults = from_configs(&NvidiaConfig::default(), None, Path::new("/usr/local"));
         assert_eq!(defaults, AllocationSettings::default());
+        // Default is built the same way, so also pin the built-in values themselves.
+        assert_eq!(defaults.hook_path, Path::new("/usr/local"));
+        assert!((defaults.memory_scaling - 1.0).abs() < f64::EPSILON);
+        assert!(!defaults.disable_core_limit);
+        assert_eq!(defaults.lib_cuda_log_level, None);
+        assert_eq!(
+            (defaults.node_delivery, defaults.global_delivery),
+            (None, None)
+        );
     }
 
     #[test]

@@ -3,11 +3,9 @@
 
 use serde::Serialize;
 
-use super::{
-    AppError, advertise_settings, load_settings, node_score, open_inventory, registered_table,
-};
+use super::{AppError, discover, load_settings, node_score, registered_table};
 use crate::cli::SourceArgs;
-use crate::gpu::devices::{DeviceTable, SkippedGpu, advertise};
+use crate::gpu::devices::{DeviceTable, SkippedGpu};
 use crate::gpu::inventory::Gpu;
 use crate::gpu::topology;
 use crate::kubelet::plugin;
@@ -84,9 +82,7 @@ fn report_devices(table: &DeviceTable) -> Vec<ReportDevice> {
 /// Builds the `inventory` report.
 pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError> {
     let settings = load_settings(source)?;
-    let inventory = open_inventory(source)?;
-    let gpus = inventory.discover()?;
-    let advertised = advertise(gpus.clone(), &advertise_settings(source, &settings))?;
+    let (inventory, gpus, advertised) = discover(source, &settings)?;
     let Some(first) = advertised.resources.first() else {
         return Err(AppError::NoGpu(advertised.no_gpu()));
     };

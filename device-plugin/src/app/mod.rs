@@ -51,7 +51,10 @@ pub enum AppError {
     #[error(transparent)]
     MigLayout(#[from] MigLayoutError),
     /// `run` without a node name.
-    #[error("no node name: set HAMI_NODE_NAME (downward API spec.nodeName) or pass --node-name")]
+    #[error(
+        "no node name: set {} (downward API spec.nodeName) or pass --node-name",
+        hami_shared::names::ENV_HAMI_NODE_NAME
+    )]
     MissingNodeName,
     /// A duration flag is not a positive number of seconds.
     #[error("--{flag}={value} is not a positive number of seconds")]
@@ -163,7 +166,7 @@ pub fn node_score(
     let scores = topology::gpu_scores(&uuids, &links)?;
     for (a, b) in &scores.asymmetric {
         // The node register loop also raises HAMi's Warning Event `AsymmetricGPUP2PLink` (hourly).
-        tracing::warn!(gpu = %a, peer = %b, reason = "AsymmetricGPUP2PLink", "the two GPUs report different P2P links to each other; the pair is scored 0 (possible NVLink hardware or driver issue)");
+        tracing::warn!(gpu = %a, peer = %b, reason = crate::node_register::REASON_ASYMMETRIC_LINK, "the two GPUs report different P2P links to each other; the pair is scored 0 (possible NVLink hardware or driver issue)");
     }
     Ok(Some(scores))
 }

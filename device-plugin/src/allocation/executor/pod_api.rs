@@ -7,12 +7,13 @@ use std::sync::Arc;
 use hami_shared::names::ANNOTATION_MUTEX_LOCK;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 
 use crate::allocation::pod_lookup::cache::PodCache;
 
 /// The component name on Events (the node handshake reports under the same name).
 pub use crate::node_register::REPORTING_CONTROLLER;
+use crate::node_register::truncate_note;
 
 /// The pod and node writes of one node's allocator.
 #[derive(Clone)]
@@ -34,13 +35,7 @@ impl std::fmt::Debug for PodApi {
 impl PodApi {
     /// For `node_name`; Events are reported by `hami-device-plugin` from that node.
     pub fn new(client: kube::Client, node_name: String) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: REPORTING_CONTROLLER.to_owned(),
-                instance: Some(node_name.clone()),
-            },
-        );
+        let recorder = crate::node_register::recorder(client.clone(), &node_name);
         Self {
             client,
             node_name,
@@ -142,7 +137,7 @@ impl PodApi {
         let event = Event {
             type_: EventType::Warning,
             reason: reason.to_owned(),
-            note: Some(truncate(message, 1024)),
+            note: Some(truncate_note(message, 1024)),
             action: "Allocate".to_owned(),
             secondary: None,
         };
@@ -150,18 +145,6 @@ impl PodApi {
             tracing::warn!(%error, pod = ?reference.name, %reason, "cannot record an Event");
         }
     }
-}
-
-/// At most `max` bytes of `s`, cut at a character boundary (Events notes are limited to 1 kB).
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    s[..end].to_owned()
 }
 
 /// The JSON patch that removes the annotation at `path` only while it still holds `value`.

@@ -68,7 +68,8 @@ pub struct MigDevice {
 pub enum InventoryError {
     /// NVML could not be loaded or initialised (no driver, no GPU, no libnvidia-ml.so.1).
     #[error(
-        "NVML is not available ({0}); on a machine without NVIDIA GPUs pass --inventory FILE (env HAMI_INVENTORY) with a YAML list of GPUs"
+        "NVML is not available ({0}); on a machine without NVIDIA GPUs pass --inventory FILE (env {env}) with a YAML list of GPUs",
+        env = hami_shared::names::ENV_HAMI_INVENTORY
     )]
     NvmlUnavailable(String),
     /// An NVML call failed for one GPU.
