@@ -232,6 +232,11 @@ fn check_input(file: Option<&PathBuf>, example: bool) -> Result<(String, Box<dyn
             Box::new(EXAMPLE.as_bytes()) as Box<dyn Read>,
         ));
     }
+    open_or_report(file)
+}
+
+/// [`open_input`], the reason printed and the exit status returned when it cannot be opened.
+fn open_or_report(file: Option<&PathBuf>) -> Result<(String, Box<dyn Read>), u8> {
     open_input(file).map_err(|msg| {
         eprintln!("hami-limits: {msg}");
         EXIT_UNREADABLE
@@ -305,7 +310,8 @@ fn check_node_gpus(file: &PathBuf, json: bool) -> u8 {
         Err(code) => return code,
     };
     let parsed = parse_node_gpus(&bytes);
-    let usable = parsed.usable() && bytes.len() <= NODE_GPUS_READ_LIMIT_BYTES;
+    // A file longer than the library reads carries an error (`parse_node_gpus`): not usable.
+    let usable = parsed.usable();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let written = if json {
         writeln!(out, "{}", node_gpus_json(&parsed, usable))
@@ -331,10 +337,7 @@ fn check_node_gpus(file: &PathBuf, json: bool) -> u8 {
 /// The node GPU file's name and at most [`NODE_GPUS_CHECK_BYTES`] + 1 of its bytes (one more
 /// tells a longer file); the exit status when it cannot be read (the reason printed).
 fn read_node_gpus(file: &PathBuf) -> Result<(String, Vec<u8>), u8> {
-    let (name, input) = open_input(Some(file)).map_err(|msg| {
-        eprintln!("hami-limits: {msg}");
-        EXIT_UNREADABLE
-    })?;
+    let (name, input) = open_or_report(Some(file))?;
     let mut bytes = Vec::new();
     if let Err(e) = input
         .take(NODE_GPUS_CHECK_BYTES as u64 + 1)

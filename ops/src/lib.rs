@@ -140,7 +140,8 @@ pub trait Exposed {
         encode(self.registry(), format)
     }
 
-    /// The OpenMetrics text exposition (with the `process_*` metrics).
+    /// The OpenMetrics text exposition (with the `process_*` metrics); the servers answer
+    /// through [`Self::encode_as`], the tests read this.
     #[must_use]
     fn encode(&self) -> String {
         self.encode_as(Exposition::OpenMetrics)

@@ -93,9 +93,8 @@ impl fmt::Display for DeError {
             DeErrorKind::Missing(field) => write!(f, "missing field {field:?}")?,
         }
         if !self.path.is_empty() {
-            let mut path = self.path.clone();
-            path.reverse();
-            write!(f, " at {}", render_key_path(&path))?;
+            // `path` is outermost-first once `deserialize` returns the error.
+            write!(f, " at {}", render_key_path(&self.path))?;
         }
         Ok(())
     }
@@ -172,7 +171,7 @@ impl Value {
     }
 
     fn into_int(self) -> Result<i64, DeError> {
-        const WIDE: &str = "an signed 64 bit or less integer";
+        const WIDE: &str = "a signed 64 bit or less integer";
         match self.0 {
             Json::Number(n) => match classify(&n) {
                 Num::I64(i) => Ok(i),
@@ -290,28 +289,28 @@ impl<'de> de::Deserializer<'de> for Value {
         visit_i8,
         i8,
         into_int,
-        "an signed 8 bit integer"
+        "a signed 8 bit integer"
     );
     integer!(
         deserialize_i16,
         visit_i16,
         i16,
         into_int,
-        "an signed 16 bit integer"
+        "a signed 16 bit integer"
     );
     integer!(
         deserialize_i32,
         visit_i32,
         i32,
         into_int,
-        "an signed 32 bit integer"
+        "a signed 32 bit integer"
     );
     integer!(
         deserialize_i64,
         visit_i64,
         i64,
         into_int,
-        "an signed 64 bit integer"
+        "a signed 64 bit integer"
     );
     integer!(
         deserialize_u8,
@@ -432,10 +431,7 @@ impl<'de> de::SeqAccess<'de> for SeqAccess {
     }
 
     fn size_hint(&self) -> Option<usize> {
-        match self.items.size_hint() {
-            (lower, Some(upper)) if lower == upper => Some(upper),
-            _ => None,
-        }
+        Some(self.items.len())
     }
 }
 

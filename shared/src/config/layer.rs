@@ -310,13 +310,10 @@ pub(crate) fn check_log_level(problems: &mut Vec<(String, String)>, key: String,
     }
 }
 
-/// serde's terse type names as accepted forms for people.
+/// The loader's type names ([`super::de`]'s `invalid_type`) as accepted forms for people.
 fn friendly_expected(expected: &str) -> String {
     match expected {
-        "u8" | "u16" | "u32" | "u64" | "usize" => "an unsigned integer".to_owned(),
-        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer".to_owned(),
-        "f32" | "f64" => "a number".to_owned(),
-        "a boolean" | "bool" => "a boolean (true or false)".to_owned(),
+        "a boolean" => "a boolean (true or false)".to_owned(),
         "a floating point" => "a number".to_owned(),
         other if other.contains("unsigned") => "a non-negative integer".to_owned(),
         other => other.to_owned(),

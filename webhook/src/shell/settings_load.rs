@@ -12,7 +12,7 @@
 use std::path::{Path, PathBuf};
 
 use hami_shared::config::{FileText, NvidiaAdmission, load_layered_with_schema};
-use hami_shared::names::{self, Program, RenamedEnv};
+use hami_shared::names::{self, Program};
 
 use crate::policy::settings::Settings;
 
@@ -29,35 +29,40 @@ fn with_current_names(
 ) -> (Vec<(String, String)>, Vec<String>) {
     let mut env: Vec<(String, String)> = env.into_iter().collect();
     let mut notices = Vec::new();
-    let log_format = RenamedEnv {
-        old: hami_ops::ENV_LOG_FORMAT,
-        new: names::ENV_HAMI_SERVER_LOG_FORMAT,
-        program: Program::Webhook,
-    };
-    let renames = names::deprecated_env(Program::Webhook)
-        .map(|r| (*r, true))
-        .chain([(log_format, false)]);
-    for (renamed, deprecated) in renames {
-        let RenamedEnv { old, new, .. } = renamed;
-        let Some(value) = env.iter().find(|(k, _)| k == old).map(|(_, v)| v.clone()) else {
-            continue;
-        };
-        let set = |k: &str| {
-            let fold = |s: &str| s.replace('_', "").to_ascii_lowercase();
-            fold(k) == fold(new)
-        };
-        if env.iter().any(|(k, _)| set(k)) {
-            if deprecated {
-                notices.push(renamed.ignored_notice());
-            }
-            continue;
+    for renamed in names::deprecated_env(Program::Webhook) {
+        match map_name(&mut env, renamed.old, renamed.new) {
+            Some(Mapped::Copied) => notices.push(renamed.notice()),
+            Some(Mapped::Ignored) => notices.push(renamed.ignored_notice()),
+            None => {}
         }
-        if deprecated {
-            notices.push(renamed.notice());
-        }
-        env.push((new.to_owned(), value));
     }
+    // `HAMI_LOG_FORMAT` (the name every hami-limits program reads) is not deprecated: no notice.
+    map_name(
+        &mut env,
+        hami_ops::ENV_LOG_FORMAT,
+        names::ENV_HAMI_SERVER_LOG_FORMAT,
+    );
     (env, notices)
+}
+
+/// What [`map_name`] did with a set old name.
+enum Mapped {
+    /// Its value was copied to the new name.
+    Copied,
+    /// The new name is set too, and wins.
+    Ignored,
+}
+
+/// Copies `old`'s value to `new` unless a spelling of `new` (ignoring case and `_`, as the
+/// layered loader matches) is set; `None` when `old` is not set.
+fn map_name(env: &mut Vec<(String, String)>, old: &str, new: &str) -> Option<Mapped> {
+    let value = env.iter().find(|(k, _)| k == old).map(|(_, v)| v.clone())?;
+    let fold = |s: &str| s.replace('_', "").to_ascii_lowercase();
+    if env.iter().any(|(k, _)| fold(k) == fold(new)) {
+        return Some(Mapped::Ignored);
+    }
+    env.push((new.to_owned(), value));
+    Some(Mapped::Copied)
 }
 
 /// The settings file's text with the `nvidia:` section of its `deviceConfigFile` (a HAMi
