@@ -98,12 +98,26 @@ fn review_of_non_json_exits_2_with_a_message() {
     assert!(text(&out.stderr).contains("/nonexistent/review.json"));
 }
 
+/// Settings that let namespace `ml` set HAMi-core's variables (HAMi's behaviour).
+const ALLOW_ML: &str = "tenancy:\n  allowHamiCoreEnvNamespaces: [ml]\n";
+
 #[test]
 fn mutate_prints_the_mutated_pod_and_warnings() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("pod.yaml");
     std::fs::write(&file, POD_YAML).unwrap();
-    let out = run(&["mutate", "-f", file.to_str().unwrap()], "");
+    let config = dir.path().join("webhook.yaml");
+    std::fs::write(&config, ALLOW_ML).unwrap();
+    let out = run(
+        &[
+            "mutate",
+            "-f",
+            file.to_str().unwrap(),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        "",
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let pod: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
     assert_eq!(pod["spec"]["schedulerName"], "hami-scheduler");
@@ -124,7 +138,7 @@ fn mutate_patch_and_config_file() {
     let config = dir.path().join("webhook.yaml");
     std::fs::write(
         &config,
-        "nvidia:\n  gpuCorePolicy: force\nschedulerName: gpu-sched\n",
+        format!("nvidia:\n  gpuCorePolicy: force\nschedulerName: gpu-sched\n{ALLOW_ML}"),
     )
     .unwrap();
     let out = run(
@@ -147,6 +161,22 @@ fn mutate_patch_and_config_file() {
             {"op":"add","path":"/spec/containers/0/env/-","value":{"name":"GPU_CORE_UTILIZATION_POLICY","value":"force"}}
         ])
     );
+}
+
+/// By default a GPU container may not set HAMi-core's variables: the offline command says so as
+/// the webhook would, naming the pod, container, variable and the setting that allows it.
+#[test]
+fn mutate_refuses_hami_core_variables_set_by_the_pod() {
+    let out = run(&["mutate", "-f", "-"], POD_YAML);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stderr).trim_end(),
+        r#"denied: pod ml/train-0: container "train": env CUDA_TASK_PRIORITY is set by the pod to "3"; hami-limits sets "0" (from limit nvidia.com/priority=0), and a GPU container may not set another value; remove it, or allow it in this namespace with tenancy.allowHamiCoreEnvNamespaces"#
+    );
+    let same = POD_YAML.replace("value: \"3\"", "value: \"0\"");
+    let out = run(&["mutate", "-f", "-"], &same);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).is_empty(), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -199,17 +229,18 @@ fn help_on_every_command() {
 /// form.
 #[test]
 fn mutate_reads_kubectl_yaml_and_locates_errors_in_it() {
-    let integers = POD_YAML
+    let pod = POD_YAML.replace("value: \"3\"", "value: \"0\"");
+    let integers = pod
         .replace("nvidia.com/gpu: \"1\"", "nvidia.com/gpu: 1")
         .replace("nvidia.com/priority: \"0\"", "nvidia.com/priority: 0");
     let out = run(&["mutate", "-f", "-"], &integers);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let as_strings = run(&["mutate", "-f", "-"], POD_YAML);
+    let as_strings = run(&["mutate", "-f", "-"], &pod);
     assert_eq!(text(&out.stdout), text(&as_strings.stdout));
 
     // `env` written as a map instead of a list: the error names the user's line.
     let bad = integers.replace(
-        "        - name: CUDA_TASK_PRIORITY\n          value: \"3\"\n",
+        "        - name: CUDA_TASK_PRIORITY\n          value: \"0\"\n",
         "        name: CUDA_TASK_PRIORITY\n",
     );
     let line = 1 + bad
