@@ -253,3 +253,96 @@ fn mutate_reads_kubectl_yaml_and_locates_errors_in_it() {
     assert!(err.contains(&format!("at line {line} column")), "{err}");
     assert!(err.contains("spec.containers[0].env"), "{err}");
 }
+
+/// End to end through `hami-webhook review` (the server's decision code, the real binary): a
+/// CREATE carrying the HAMi scheduler's annotations is answered with `remove` operations and a
+/// warning; an UPDATE by a tenant that writes them is refused naming the key, the user and the
+/// setting; the same UPDATE by HAMi's scheduler (and by a writer the settings add, through the
+/// environment) is allowed.
+#[test]
+fn review_strips_scheduler_annotations_and_guards_their_updates() {
+    use base64::Engine as _;
+    let mut create: Value = serde_json::from_str(HAMI_POD_REVIEW).unwrap();
+    let object = &mut create["request"]["object"];
+    object["metadata"]["annotations"] = serde_json::json!({
+        "hami.io/bind-phase": "allocating",
+        "hami.io/vgpu-devices-to-allocate": "GPU-0,NVIDIA,81920,100:;"
+    });
+    object["spec"]["nodeName"] = serde_json::json!("gpu-0");
+    let out = run(&["review"], &create.to_string());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    let patch: Value = serde_json::from_slice(
+        &base64::engine::general_purpose::STANDARD
+            .decode(v["response"]["patch"].as_str().unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let removes: Vec<&Value> = patch
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["op"] == "remove")
+        .collect();
+    assert_eq!(
+        removes,
+        [
+            &serde_json::json!({"op": "remove", "path": "/metadata/annotations/hami.io~1vgpu-devices-to-allocate"}),
+            &serde_json::json!({"op": "remove", "path": "/metadata/annotations/hami.io~1bind-phase"}),
+        ]
+    );
+    assert!(
+        v["response"]["warnings"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("removed the HAMi scheduler's annotations hami.io/vgpu-devices-to-allocate, hami.io/bind-phase:")
+    );
+
+    let mut update = create.clone();
+    update["request"]["operation"] = serde_json::json!("UPDATE");
+    update["request"]["oldObject"] = HAMI_POD_REVIEW
+        .parse::<Value>()
+        .unwrap()
+        .pointer("/request/object")
+        .unwrap()
+        .clone();
+    let tenant = run(&["review"], &update.to_string());
+    let v: Value = serde_json::from_slice(&tenant.stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], false);
+    let message = v["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(
+            r#"this update by user "alice@example.com" adds annotation "hami.io/bind-phase""#
+        ) && message.contains(
+            "tenancy.schedulerAnnotationWriters (system:serviceaccount:kube-system:hami-scheduler)"
+        ),
+        "{message}"
+    );
+    update["request"]["userInfo"]["username"] =
+        serde_json::json!("system:serviceaccount:kube-system:hami-scheduler");
+    let v: Value = serde_json::from_slice(&run(&["review"], &update.to_string()).stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    update["request"]["userInfo"]["username"] =
+        serde_json::json!("system:serviceaccount:hami:plugin");
+    let out = Command::new(BIN)
+        .arg("review")
+        .env(
+            "HAMI_TENANCY__SCHEDULERANNOTATIONWRITERS",
+            "system:serviceaccount:kube-system:hami-scheduler,system:serviceaccount:hami:plugin",
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(update.to_string().as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+}
