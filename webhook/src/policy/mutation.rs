@@ -195,7 +195,7 @@ impl<'p, 'a> PodMutation<'p, 'a> {
     pub fn namespace(&self) -> Option<&'p str> {
         self.request_namespace
             .filter(|n| !n.is_empty())
-            .or_else(|| self.pod.metadata.namespace.as_deref())
+            .or(self.pod.metadata.namespace.as_deref())
             .filter(|n| !n.is_empty())
     }
 
