@@ -325,6 +325,8 @@ fn review_strips_scheduler_annotations_and_guards_their_updates() {
     assert_eq!(v["response"]["allowed"], true, "{v}");
     update["request"]["userInfo"]["username"] =
         serde_json::json!("system:serviceaccount:hami:plugin");
+    let v: Value = serde_json::from_slice(&run(&["review"], &update.to_string()).stdout).unwrap();
+    assert_eq!(v["response"]["allowed"], false, "not a writer by default");
     let out = Command::new(BIN)
         .arg("review")
         .env(
