@@ -128,18 +128,23 @@ PY
 }
 kai_file "$repo/examples/kai-gpu-memory-pod.yaml" > "$work/kai-memory.limits"
 kai_file "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-fraction.limits"
-# The per-node cap: a gpu-fraction 0.5 pod admitted in a cluster whose smallest card has 80 GiB
-# (81,920 MiB: the admission-time cap is 40,960 MiB), running on this node, whose GPU install-hook
-# described from NVML in node-gpus. The preload library then caps it at half of *this* card.
-sed 's/gpu-fraction: "0.021"/gpu-fraction: "0.5"/' "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-half-pod.yaml"
-kai_file "$work/kai-half-pod.yaml" 81920 > "$work/kai-half.limits"
-grep -q '^HAMI_GPU_FRACTION=0.5$' "$work/kai-half.limits" || die "the webhook wrote no HAMI_GPU_FRACTION for the 0.5 pod"
 [ -f "$vgpu/node-gpus" ] || die "install-hook published no $vgpu/node-gpus (NVML)"
 echo "-- $vgpu/node-gpus:"; cat "$vgpu/node-gpus"
 node_mib=$(sed -n 's/^NVIDIA0_MIB=//p' "$vgpu/node-gpus")
 smi_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
 [ "$node_mib" = "$smi_mib" ] || die "node-gpus says $node_mib MiB for minor 0, nvidia-smi $smi_mib MiB"
 half=$((node_mib / 2))
+# The fraction file's cap on this card (0.021 x its VRAM: 3019 MiB on an H200, 1712 on an H100).
+frac_mib=$(sed -n 's/^CUDA_DEVICE_MEMORY_LIMIT=\([0-9]*\)m$/\1/p' "$work/kai-fraction.limits")
+[ -n "$frac_mib" ] || die "no CUDA_DEVICE_MEMORY_LIMIT in the gpu-fraction file"
+# The per-node cap: a gpu-fraction 0.5 pod admitted in a cluster whose smallest card has half this
+# card's VRAM (the admission-time cap is a quarter of this card), running on this node, whose GPU
+# install-hook described from NVML in node-gpus. The preload library then caps it at half of
+# *this* card: granted above the admission-time cap, refused above half.
+basis=$((node_mib / 2)) admit_mib=$((node_mib / 4))
+sed 's/gpu-fraction: "0.021"/gpu-fraction: "0.5"/' "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-half-pod.yaml"
+kai_file "$work/kai-half-pod.yaml" "$basis" > "$work/kai-half.limits"
+grep -q '^HAMI_GPU_FRACTION=0.5$' "$work/kai-half.limits" || die "the webhook wrote no HAMI_GPU_FRACTION for the 0.5 pod"
 # The same file with the node file out of reach: the admission-time cap stands.
 sed "s|^HAMI_NODE_GPUS=.*|HAMI_NODE_GPUS=$work/no-such-node-gpus|" "$work/kai-half.limits" > "$work/kai-half-no-node.limits"
 { echo "this first line has no equals sign"; cat "$work/kai-memory.limits"; } > "$work/hand-edited.limits"
@@ -222,11 +227,11 @@ for api in runtime driver; do
   run_case "KAI gpu-memory file" "$work/kai-memory.limits" "$full" ld.so.preload granted $api 2048
   run_case "KAI gpu-memory file, spoofed indexed variable" "$work/kai-memory.limits" "$full" ld.so.preload refused $api 4096 CUDA_DEVICE_MEMORY_LIMIT_0=16g
   run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload refused $api 4096
-  run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload granted $api 2048
-  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time 40960)" "$work/kai-half.limits" "$full" ld.so.preload granted $api 60000
-  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time 40960)" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000))
+  run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload granted $api $((frac_mib / 2))
+  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time $admit_mib)" "$work/kai-half.limits" "$full" ld.so.preload granted $api $((half - 1000))
+  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time $admit_mib)" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000))
   run_case "KAI gpu-fraction 0.5, per-node cap, spoofed variables" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000)) CUDA_DEVICE_MEMORY_LIMIT=140g NVIDIA_VISIBLE_DEVICES=all
-  run_case "KAI gpu-fraction 0.5, node file out of reach: admission-time cap" "$work/kai-half-no-node.limits" "$full" ld.so.preload refused $api 60000
+  run_case "KAI gpu-fraction 0.5, node file out of reach: admission-time cap" "$work/kai-half-no-node.limits" "$full" ld.so.preload refused $api $((half - 1000))
   run_case "first line without =, hand-edited" "$work/hand-edited.limits" "$full" ld.so.preload refused $api 4096
   run_case "HAMi file" "$hami_file" "$full" LD_PRELOAD refused $api 4096
   run_case "HAMi file" "$hami_file" "$full" LD_PRELOAD granted $api 2048
@@ -265,14 +270,15 @@ in_ctr() { # USER CMD...
   unshare --mount -- /bin/sh -c '
     vgpu=$1 ctr=$2 stage=$3 file=$4 who=$5; shift 5
     mount --bind "$vgpu" "$stage" || exit 97
-    mount --bind "$stage/ld.so.preload" /etc/ld.so.preload || exit 97
-    mount --bind "$file" /overrideEnv || exit 97
-    mount -o remount,bind,ro /overrideEnv 2>/dev/null || true
     mount --bind "$ctr" "$vgpu" || exit 97
     for f in libvgpu.so libhami_preload.so; do
       [ -e "$vgpu/$f" ] || : > "$vgpu/$f" || exit 97
       mount --bind "$stage/$f" "$vgpu/$f" || exit 97
     done
+    mount --bind "$file" /overrideEnv || exit 97
+    mount -o remount,bind,ro /overrideEnv 2>/dev/null || true
+    # Last: from here on every exec preloads the list, whose files are now in place.
+    mount --bind "$stage/ld.so.preload" /etc/ld.so.preload || exit 97
     [ "$who" = root ] && exec "$@"
     command -v setpriv >/dev/null && exec setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"
     exec python3 -c "import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); os.execvp(sys.argv[1], sys.argv[1:])" "$@"
@@ -354,7 +360,7 @@ LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   echo "Largest single cudaMalloc under the HAMi file's 3000 MiB cap: $largest MiB (HAMi-core counts the CUDA context against the cap)."
   echo "nvidia-smi under the same file (memory.used, memory.total): $smi."
   echo
-  echo "The per-node cap: install-hook wrote \`NVIDIA0_MIB=$node_mib\` into node-gpus from NVML (nvidia-smi: $smi_mib MiB); a 0.5 pod admitted against an 81,920 MiB card (40,960 MiB) is capped at floor(0.5 x $node_mib) = $half MiB on this H200, from an empty environment."
+  echo "The per-node cap: install-hook wrote \`NVIDIA0_MIB=$node_mib\` into node-gpus from NVML (nvidia-smi: $smi_mib MiB); a 0.5 pod admitted against a $basis MiB card ($admit_mib MiB) is capped at floor(0.5 x $node_mib) = $half MiB on this GPU, from an empty environment."
   echo
   echo "### The per-container folder as a container has it (root and nobody, one region)"
   echo
