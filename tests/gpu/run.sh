@@ -269,14 +269,15 @@ in_ctr() { # USER CMD...
   local who=$1; shift
   unshare --mount -- /bin/sh -c '
     vgpu=$1 ctr=$2 stage=$3 file=$4 who=$5; shift 5
+    # The limits file first: it lives under the folder the container folder is bound over.
+    mount --bind "$file" /overrideEnv || exit 97
+    mount -o remount,bind,ro /overrideEnv 2>/dev/null || true
     mount --bind "$vgpu" "$stage" || exit 97
     mount --bind "$ctr" "$vgpu" || exit 97
     for f in libvgpu.so libhami_preload.so; do
       [ -e "$vgpu/$f" ] || : > "$vgpu/$f" || exit 97
       mount --bind "$stage/$f" "$vgpu/$f" || exit 97
     done
-    mount --bind "$file" /overrideEnv || exit 97
-    mount -o remount,bind,ro /overrideEnv 2>/dev/null || true
     # Last: from here on every exec preloads the list, whose files are now in place.
     mount --bind "$stage/ld.so.preload" /etc/ld.so.preload || exit 97
     [ "$who" = root ] && exec "$@"
@@ -334,11 +335,11 @@ fcheck "the folder's entries (HAMi-core made none)" - "libhami_preload.so libvgp
 tenant=$(in_ctr nobody /bin/sh -c "
   ln -sf /tmp/planted $vgpu/usage.cache 2>/dev/null && echo linked || echo link-refused
   rm -f $vgpu/usage.cache 2>/dev/null && echo removed || echo remove-refused
-  touch $vgpu/new.cache 2>/dev/null && echo created || echo create-refused" 2>&1 | tr '\n' ' ' | sed 's/ $//')
+  touch $vgpu/new.cache 2>/dev/null && echo created || echo create-refused" 2>&1 | tr '\n' ' ' | sed 's/ $//' || true)
 fcheck "nobody: ln -sf usage.cache, rm usage.cache, create new.cache" nobody \
   "link-refused remove-refused create-refused" "$tenant"
 # Old HAMi-core (before 2026-02) opens /tmp/vgpulock/lock O_CREAT|O_RDWR and flocks it, as any UID.
-lockres=$(in_ctr nobody python3 -c "import os, fcntl; fd = os.open('/tmp/vgpulock/lock', os.O_CREAT | os.O_RDWR, 0o666); fcntl.flock(fd, fcntl.LOCK_EX); print('locked')" 2>&1 | tail -n 1)
+lockres=$(in_ctr nobody python3 -c "import os, fcntl; fd = os.open('/tmp/vgpulock/lock', os.O_CREAT | os.O_RDWR, 0o666); fcntl.flock(fd, fcntl.LOCK_EX); print('locked')" 2>&1 | tail -n 1 || true)
 fcheck "nobody: open /tmp/vgpulock/lock O_CREAT|O_RDWR, flock" nobody locked "$lockres"
 
 # --- per-exec cost: a plain exec, an empty library, ours, libvgpu.so alone, both --------------
