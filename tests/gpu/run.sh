@@ -340,7 +340,7 @@ fcheck "nobody: ln -sf usage.cache, rm usage.cache, create new.cache" nobody \
   "link-refused remove-refused create-refused" "$tenant"
 # Old HAMi-core (before 2026-02) opens /tmp/vgpulock/lock O_CREAT|O_RDWR and flocks it, as any UID.
 lockres=$(in_ctr nobody python3 -c "import os, fcntl; fd = os.open('/tmp/vgpulock/lock', os.O_CREAT | os.O_RDWR, 0o666); fcntl.flock(fd, fcntl.LOCK_EX); print('locked')" 2>&1 | tail -n 1 || true)
-fcheck "nobody: open /tmp/vgpulock/lock O_CREAT|O_RDWR, flock" nobody locked "$lockres"
+fcheck "nobody: open /tmp/vgpulock/lock O_CREAT + O_RDWR, flock" nobody locked "$lockres"
 
 # --- per-exec cost: a plain exec, an empty library, ours, libvgpu.so alone, both --------------
 echo "== per-exec cost (bench/preload/run.sh)"
