@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
 use hami_device_plugin::commands::plan::{PlanArgs, run_plan};
 use hami_device_plugin::kubelet::api::v1beta1;
-use hami_device_plugin::kubelet::preload::{allocate_response, inspect_hook};
+use hami_device_plugin::commands::serve_preload::plugin::{allocate_response, inspect_hook};
 use hami_webhook::policy::kai::{HookDelivery, KaiSettings};
 use hami_webhook::policy::settings::Settings;
 use hami_webhook::{Decision, decide_pod};

@@ -1,5 +1,5 @@
-//! The one-shot commands (each runs, prints, exits; `run` is the long-running one, in
-//! [`crate::app`]):
+//! The commands besides `run` (in [`crate::app`]): two one-shot ones (each runs, prints, exits)
+//! and the hook installer's long-running plugin:
 //!
 //! - [`install_hook`]: `install-hook`, HAMi-core and the preload library into the hook path, and
 //!   the node GPU file;

@@ -4,12 +4,11 @@
 //! - [`device_list`]: the `ListAndWatch` list of the device table;
 //! - [`service`]: the `DevicePlugin` gRPC service and its extension points
 //!   ([`service::AllocateHandler`], [`service::PendingPodDevices`]);
-//! - [`plugin`]: socket, registration, kubelet restarts, shutdown (for any [`plugin::ServedPlugin`]);
-//! - [`preload`]: the `hami.io/preload` plugin, whose `Allocate` mounts the HAMi-core hook
-//!   folder into KAI containers (served by `serve-preload`).
+//! - [`plugin`]: socket, registration, kubelet restarts, shutdown (for any
+//!   [`plugin::ServedPlugin`]: the GPU plugin here, `serve-preload`'s in
+//!   [`crate::commands::serve_preload`]).
 
 pub mod api;
 pub mod device_list;
 pub mod plugin;
-pub mod preload;
 pub mod service;

@@ -1,5 +1,5 @@
 //! `hami-device-plugin serve-preload`: serve the `hami.io/preload` resource to kubelet
-//! ([`crate::kubelet::preload`]) until SIGTERM, so that KAI containers get HAMi-core from the hook
+//! ([`plugin`]) until SIGTERM, so that KAI containers get HAMi-core from the hook
 //! folder through kubelet's device-plugin mounts instead of a `hostPath` volume of their pod.
 //!
 //! The hook installer DaemonSet runs it as its long-running container, after its init containers
@@ -16,8 +16,10 @@ use hami_shared::names::{self, DEFAULT_HOOK_PATH, PRELOAD_SOCKET, RESOURCE_PRELO
 
 use crate::commands::install_hook::{InstallHookError, normalise_hook_path};
 use crate::kubelet::api;
-use crate::kubelet::plugin::{self, Lifecycle, LifecycleError};
-use crate::kubelet::preload::{DEFAULT_SLOTS, HookError, PreloadPlugin, inspect_hook};
+use crate::kubelet::plugin::{Lifecycle, LifecycleError, serve};
+pub mod plugin;
+
+use plugin::{DEFAULT_SLOTS, HookError, PreloadPlugin, inspect_hook};
 
 /// `serve-preload` flags.
 #[derive(Debug, Clone, Args)]
@@ -95,6 +97,6 @@ pub async fn serve_preload(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServePreloadError> {
     let plugin = Arc::new(preload_plugin(args)?);
-    plugin::serve(lifecycle(args), plugin, shutdown).await?;
+    serve(lifecycle(args), plugin, shutdown).await?;
     Ok(())
 }
