@@ -206,7 +206,9 @@ pub fn slot_devices(slots: u32) -> Vec<v1beta1::Device> {
 #[must_use]
 pub fn is_slot(id: &str, slots: u32) -> bool {
     id.strip_prefix(SLOT_PREFIX)
-        .filter(|n| !n.is_empty() && (n == &"0" || !n.starts_with('0')))
+        .filter(|n| {
+            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (*n == "0" || !n.starts_with('0'))
+        })
         .and_then(|n| n.parse::<u32>().ok())
         .is_some_and(|n| n < slots)
 }
