@@ -122,7 +122,11 @@ async fn registers_advertises_slots_and_mounts_the_hook_read_only() {
         .await
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-    assert!(refused.message().contains("preload-16"), "{}", refused.message());
+    assert!(
+        refused.message().contains("preload-16"),
+        "{}",
+        refused.message()
+    );
 
     // kubelet restarts: the plugin binds and registers again.
     kubelet.restart().await.unwrap();
@@ -165,13 +169,19 @@ async fn a_hook_folder_it_cannot_vouch_for_fails_the_container_naming_the_file()
         ),
         (
             Box::new(|v: &Path| {
-                std::fs::set_permissions(v.join("libvgpu.so"), std::fs::Permissions::from_mode(0o666))
-                    .unwrap();
+                std::fs::set_permissions(
+                    v.join("libvgpu.so"),
+                    std::fs::Permissions::from_mode(0o666),
+                )
+                .unwrap();
             }),
             "has mode 666",
             Box::new(|v: &Path| {
-                std::fs::set_permissions(v.join("libvgpu.so"), std::fs::Permissions::from_mode(0o644))
-                    .unwrap();
+                std::fs::set_permissions(
+                    v.join("libvgpu.so"),
+                    std::fs::Permissions::from_mode(0o644),
+                )
+                .unwrap();
             }),
         ),
         (
@@ -197,15 +207,22 @@ async fn a_hook_folder_it_cannot_vouch_for_fails_the_container_naming_the_file()
         let refused = client.allocate(&allocate()).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
         assert!(
-            refused.message().contains(named) && refused.message().contains(&*vgpu.to_string_lossy()),
+            refused.message().contains(named)
+                && refused.message().contains(&*vgpu.to_string_lossy()),
             "{named}: {}",
             refused.message()
         );
         repair(&vgpu);
         std::fs::write(vgpu.join("ld.so.preload"), &good_list).unwrap();
-        std::fs::set_permissions(vgpu.join("ld.so.preload"), std::fs::Permissions::from_mode(0o644))
-            .unwrap();
-        assert!(client.allocate(&allocate()).await.is_ok(), "{named}: repaired");
+        std::fs::set_permissions(
+            vgpu.join("ld.so.preload"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        assert!(
+            client.allocate(&allocate()).await.is_ok(),
+            "{named}: repaired"
+        );
     }
     // node-gpus withdrawn (a node whose GPUs could not be listed): no mount of it, the rest stays.
     std::fs::remove_file(vgpu.join("node-gpus")).unwrap();
@@ -230,7 +247,8 @@ fn it_does_not_start_on_a_hook_folder_that_is_not_installed() {
     assert!(matches!(e, ServePreloadError::Hook(_)), "{e}");
     let message = e.to_string();
     assert!(
-        message.contains(&*empty.join("vgpu").to_string_lossy()) && message.contains("install-hook"),
+        message.contains(&*empty.join("vgpu").to_string_lossy())
+            && message.contains("install-hook"),
         "{message}"
     );
     let e = preload_plugin(&args(dir.path(), Path::new("relative/hook"), 4)).unwrap_err();

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
 use hami_device_plugin::commands::plan::{PlanArgs, run_plan};
-use hami_device_plugin::kubelet::api::v1beta1;
 use hami_device_plugin::commands::serve_preload::plugin::{allocate_response, inspect_hook};
+use hami_device_plugin::kubelet::api::v1beta1;
 use hami_webhook::policy::kai::{HookDelivery, KaiSettings};
 use hami_webhook::policy::settings::Settings;
 use hami_webhook::{Decision, decide_pod};
@@ -176,7 +176,13 @@ fn kai_pods_get_the_library_through_the_preload_resource() {
         "no hostPath volume"
     );
     let container = &spec.containers[0];
-    let limits = container.resources.as_ref().unwrap().limits.as_ref().unwrap();
+    let limits = container
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap();
     assert_eq!(limits["hami.io/preload"].0, "1");
     // What kubelet then gets from the hami.io/preload plugin on a node with this folder.
     let found = inspect_hook(&vgpu).unwrap();

@@ -29,7 +29,11 @@ fn settings() -> Settings {
         },
         ..Settings::default()
     };
-    assert_eq!(s.kai.hook_delivery, HookDelivery::DevicePlugin, "the default");
+    assert_eq!(
+        s.kai.hook_delivery,
+        HookDelivery::DevicePlugin,
+        "the default"
+    );
     s
 }
 
@@ -109,11 +113,18 @@ fn fraction_container_gets_the_resource_and_no_host_path() {
     let r = c.resources.as_ref().unwrap();
     assert_eq!(r.limits.as_ref().unwrap()["cpu"], Quantity("4".into()));
     assert_eq!(r.requests.as_ref().unwrap()["cpu"], Quantity("2".into()));
-    assert!(host_path_volumes(&pod).is_empty(), "{:?}", host_path_volumes(&pod));
+    assert!(
+        host_path_volumes(&pod).is_empty(),
+        "{:?}",
+        host_path_volumes(&pod)
+    );
     // kubelet mounts the hook (Allocate), the limits file is still the downward-API volume.
     assert_eq!(
         mount_paths(c),
-        ["/var/run/secrets/kubernetes.io/serviceaccount", "/overrideEnv"]
+        [
+            "/var/run/secrets/kubernetes.io/serviceaccount",
+            "/overrideEnv"
+        ]
     );
     let env: Vec<(&str, Option<&str>)> = c
         .env
@@ -121,7 +132,10 @@ fn fraction_container_gets_the_resource_and_no_host_path() {
         .flatten()
         .map(|e| (e.name.as_str(), e.value.as_deref()))
         .collect();
-    assert!(env.contains(&("CUDA_DEVICE_MEMORY_LIMIT", Some("4096m"))), "{env:?}");
+    assert!(
+        env.contains(&("CUDA_DEVICE_MEMORY_LIMIT", Some("4096m"))),
+        "{env:?}"
+    );
 }
 
 #[test]
@@ -129,22 +143,34 @@ fn containers_without_resources_limits_or_requests_get_whole_objects() {
     // (resources of the container, the ops' paths expected)
     let cases: &[(Value, &[&str])] = &[
         (Value::Null, &["/spec/containers/0/resources"]),
-        (json!({}), &[
-            "/spec/containers/0/resources/limits",
-            "/spec/containers/0/resources/requests",
-        ]),
-        (json!({"limits": {"cpu": "1"}}), &[
-            "/spec/containers/0/resources/limits/hami.io~1preload",
-            "/spec/containers/0/resources/requests",
-        ]),
-        (json!({"requests": {"cpu": "1"}}), &[
-            "/spec/containers/0/resources/limits",
-            "/spec/containers/0/resources/requests/hami.io~1preload",
-        ]),
-        (json!({"limits": null, "requests": null}), &[
-            "/spec/containers/0/resources/limits",
-            "/spec/containers/0/resources/requests",
-        ]),
+        (
+            json!({}),
+            &[
+                "/spec/containers/0/resources/limits",
+                "/spec/containers/0/resources/requests",
+            ],
+        ),
+        (
+            json!({"limits": {"cpu": "1"}}),
+            &[
+                "/spec/containers/0/resources/limits/hami.io~1preload",
+                "/spec/containers/0/resources/requests",
+            ],
+        ),
+        (
+            json!({"requests": {"cpu": "1"}}),
+            &[
+                "/spec/containers/0/resources/limits",
+                "/spec/containers/0/resources/requests/hami.io~1preload",
+            ],
+        ),
+        (
+            json!({"limits": null, "requests": null}),
+            &[
+                "/spec/containers/0/resources/limits",
+                "/spec/containers/0/resources/requests",
+            ],
+        ),
     ];
     for (resources, expected) in cases {
         let mut pod = small();
@@ -176,9 +202,15 @@ fn every_preloaded_container_gets_one_and_only_they_do() {
     pod["spec"]["initContainers"] = json!([{"name": "init", "image": "busybox"}]);
     let (out, _) = mutate(&pod, &settings());
     let spec = out.spec.as_ref().unwrap();
-    assert_eq!(preload_of(&spec.containers[0]), (Some(&one()), Some(&one())));
+    assert_eq!(
+        preload_of(&spec.containers[0]),
+        (Some(&one()), Some(&one()))
+    );
     assert_eq!(preload_of(&spec.containers[1]), (None, None));
-    assert_eq!(preload_of(&spec.init_containers.as_ref().unwrap()[0]), (None, None));
+    assert_eq!(
+        preload_of(&spec.init_containers.as_ref().unwrap()[0]),
+        (None, None)
+    );
 
     let all = Settings {
         kai: KaiSettings {
@@ -189,7 +221,11 @@ fn every_preloaded_container_gets_one_and_only_they_do() {
     };
     let (out, _) = mutate(&pod, &all);
     let spec = out.spec.as_ref().unwrap();
-    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
         assert_eq!(preload_of(c), (Some(&one()), Some(&one())), "{}", c.name);
     }
     assert!(host_path_volumes(&out).is_empty());
@@ -231,7 +267,8 @@ fn the_pod_cannot_choose_its_own_preload() {
         json!({"limits": {PRELOAD: "1"}, "requests": {PRELOAD: "1"}});
     let (out, ops) = mutate(&ours, &s);
     assert!(
-        !ops.iter().any(|op| op["path"].as_str().unwrap_or("").contains("/resources")),
+        !ops.iter()
+            .any(|op| op["path"].as_str().unwrap_or("").contains("/resources")),
         "{ops:?}"
     );
     assert_eq!(
@@ -246,7 +283,10 @@ fn the_pod_cannot_choose_its_own_preload() {
         },
         ..s.clone()
     };
-    assert!(matches!(decide(&sidecar, &host_path), Decision::Allow { .. }));
+    assert!(matches!(
+        decide(&sidecar, &host_path),
+        Decision::Allow { .. }
+    ));
 }
 
 #[test]
@@ -258,7 +298,11 @@ fn own_mounts_over_the_hook_are_denied_even_in_the_old_volume_name() {
         ("mine", "/usr/local", None),
         ("mine", "/usr/local/vgpu/libvgpu.so", None),
         // Exactly what the hostPath layout would add is not ours in this mode.
-        ("kai-resource-isolator-vgpu", "/etc/ld.so.preload", Some("ld.so.preload")),
+        (
+            "kai-resource-isolator-vgpu",
+            "/etc/ld.so.preload",
+            Some("ld.so.preload"),
+        ),
         ("kai-resource-isolator-vgpu", "/usr/local/vgpu", None),
     ] {
         let mut pod = small();
@@ -289,12 +333,20 @@ fn hook_delivery_setting_reads_two_values_and_names_them_otherwise() {
         ("\"device-plugin\"", HookDelivery::DevicePlugin),
         ("\"hostPath\"", HookDelivery::HostPath),
     ] {
-        assert_eq!(serde_json::from_str::<HookDelivery>(text).unwrap(), expected);
+        assert_eq!(
+            serde_json::from_str::<HookDelivery>(text).unwrap(),
+            expected
+        );
         assert_eq!(serde_json::to_string(&expected).unwrap(), text);
     }
     for bad in ["\"hostpath\"", "\"devicePlugin\"", "\"\""] {
-        let e = serde_json::from_str::<HookDelivery>(bad).unwrap_err().to_string();
-        assert!(e.contains("is not one of: device-plugin, hostPath"), "{bad}: {e}");
+        let e = serde_json::from_str::<HookDelivery>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("is not one of: device-plugin, hostPath"),
+            "{bad}: {e}"
+        );
     }
     let kai: KaiSettings = serde_json::from_value(json!({"hookDelivery": "hostPath"})).unwrap();
     assert_eq!(kai.hook_delivery, HookDelivery::HostPath);

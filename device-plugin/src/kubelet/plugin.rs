@@ -14,9 +14,9 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::kubelet::api::{self, v1beta1};
 use crate::kubelet::service::{DevicePluginService, SharedState};
-use v1beta1::device_plugin_server::DevicePlugin;
 use crate::metrics::{Metrics, ReregisterReason};
 use hami_ops::Readiness;
+use v1beta1::device_plugin_server::DevicePlugin;
 
 /// Where and how the plugin meets kubelet.
 #[derive(Debug, Clone)]

@@ -297,7 +297,9 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             self.scalars.push(PatchOp {
                 op: PatchOpKind::Add,
                 path: base,
-                value: PatchValue::Json(serde_json::json!({"limits": entry(), "requests": entry()})),
+                value: PatchValue::Json(
+                    serde_json::json!({"limits": entry(), "requests": entry()}),
+                ),
             });
             return;
         };

@@ -74,7 +74,9 @@ pub enum HookError {
         what: &'static str,
     },
     /// Writable by others than its owner.
-    #[error("{path} has mode {mode:o}: writable by others than its owner, so not handed to containers")]
+    #[error(
+        "{path} has mode {mode:o}: writable by others than its owner, so not handed to containers"
+    )]
     Writable {
         /// The file or folder.
         path: PathBuf,
@@ -207,7 +209,9 @@ pub fn slot_devices(slots: u32) -> Vec<v1beta1::Device> {
 pub fn is_slot(id: &str, slots: u32) -> bool {
     id.strip_prefix(SLOT_PREFIX)
         .filter(|n| {
-            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && (*n == "0" || !n.starts_with('0'))
+            !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+                && (*n == "0" || !n.starts_with('0'))
         })
         .and_then(|n| n.parse::<u32>().ok())
         .is_some_and(|n| n < slots)
@@ -438,12 +442,18 @@ mod tests {
 
     #[test]
     fn every_container_gets_the_same_read_only_mounts() {
-        let response =
-            allocate_response(&hook(true), 4, &request(&[&["preload-0"], &["preload-3", "preload-1"]]))
-                .unwrap();
+        let response = allocate_response(
+            &hook(true),
+            4,
+            &request(&[&["preload-0"], &["preload-3", "preload-1"]]),
+        )
+        .unwrap();
         assert_eq!(response.container_responses.len(), 2);
         let expected = [
-            ("/usr/local/vgpu/libhami_preload.so", "/usr/local/vgpu/libhami_preload.so"),
+            (
+                "/usr/local/vgpu/libhami_preload.so",
+                "/usr/local/vgpu/libhami_preload.so",
+            ),
             ("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so"),
             ("/usr/local/vgpu/node-gpus", "/usr/local/vgpu/node-gpus"),
             ("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload"),
@@ -476,7 +486,11 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().contains("\"GPU-x-0\""), "{}", e.message());
         let e = allocate_response(&hook(true), 4, &request(&[&["preload-4"]])).unwrap_err();
-        assert!(e.message().contains("preload-0 … preload-3"), "{}", e.message());
+        assert!(
+            e.message().contains("preload-0 … preload-3"),
+            "{}",
+            e.message()
+        );
         let e = allocate_response(&hook(true), 4, &request(&[&[]])).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
