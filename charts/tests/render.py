@@ -171,6 +171,11 @@ SCENARIOS: dict[str, dict] = {
             "resources": {"requests": {"cpu": "2m", "memory": "4Mi"}, "limits": {"memory": "12Mi"}},
         },
     },
+    # The hostPath layout of earlier releases: the hook installer only sleeps once it has installed.
+    "kai-host-path": {
+        "hookInstaller": {"enabled": True, "resources": {"requests": {"cpu": "2m", "memory": "4Mi"}, "limits": {"memory": "12Mi"}}},
+        "webhook": {"kai": {"hookDelivery": "hostPath"}},
+    },
     # A KAI cluster without HAMi: webhook and hook installer only, on the KAI hook folder.
     "kai-only": {
         "devicePlugin": {"enabled": False},
@@ -244,6 +249,8 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("health checks spelt wrong", {"devicePlugin": {"disableHealthChecks": "none"}}, "disableHealthChecks"),
     ("relative hookPath", {"devicePlugin": {"hookPath": "usr/local"}}, "hookPath"),
     ("relative KAI hookPath", {"webhook": {"kai": {"hookPath": "vgpu"}}}, "hookPath"),
+    ("KAI hookDelivery in another spelling", {"webhook": {"kai": {"hookDelivery": "hostpath"}}}, "hookDelivery"),
+    ("no preload slots", {"hookInstaller": {"preloadSlots": 0}}, "preloadSlots"),
     ("typo in a devicePlugin key", {"devicePlugin": {"limitDelivry": "env"}}, "limitDelivry"),
     ("failurePolicy lower case", {"webhook": {"failurePolicy": "fail"}}, "failurePolicy"),
     ("timeoutSeconds zero", {"webhook": {"timeoutSeconds": 0}}, "timeoutSeconds"),
@@ -570,6 +577,7 @@ def check_overrides(rendered: dict[str, str]) -> None:
         "copy-hami-core": f"{mirror}/projecthami/hami:v2.10.0",
         "vgpu-monitor": f"{mirror}/projecthami/hami:v2.10.0",
         "pause": f"{mirror}/pause@{DIGEST}",
+        "preload-plugin": f"{mirror}/hami-limits/hami-device-plugin@{DIGEST}",
         "create": f"{mirror}/hami-limits/hami-certgen@{DIGEST}",
         "patch": f"{mirror}/hami-limits/hami-certgen@{DIGEST}",
     }
@@ -611,6 +619,8 @@ def check_overrides(rendered: dict[str, str]) -> None:
             expect(sc["capabilities"]["drop"] == ["ALL"], f"{owner}/{cname}: capabilities {sc['capabilities']}")
             if cname == "device-plugin":
                 expect(sc["capabilities"].get("add") == ["DAC_OVERRIDE", "FOWNER"] and sc.get("runAsUser") == 0, f"{owner}/{cname}: {sc}")
+            if cname == "preload-plugin":
+                expect("add" not in sc["capabilities"] and sc.get("runAsUser") == 0 and not sc.get("privileged"), f"{owner}/{cname}: {sc}")
             if cname == "vgpu-monitor":
                 expect("add" not in sc["capabilities"] and sc.get("runAsUser") == 0 and sc.get("privileged") is False, f"{owner}/{cname}: {sc}")
             args, env = c.get("args", []), c.get("env", [])

@@ -170,6 +170,18 @@ pub enum Command {
     /// other failure (the message names the path or the GPU).
     #[command(verbatim_doc_comment)]
     InstallHook(crate::commands::install_hook::InstallHookArgs),
+    /// Serve the hami.io/preload resource to kubelet until SIGTERM: its Allocate mounts
+    /// HOOK/vgpu's libhami_preload.so, libvgpu.so and node-gpus (when published) read-only at
+    /// their own paths, and HOOK/vgpu/ld.so.preload at /etc/ld.so.preload.
+    ///
+    /// The webhook asks one hami.io/preload for each KAI container it preloads
+    /// (kai.hookDelivery: device-plugin), so the pod carries no hostPath volume and passes Pod
+    /// Security baseline. Run it after install-hook (the hook installer DaemonSet does). The
+    /// folder is checked at start and on every Allocate: each file regular, not a link, writable
+    /// by its owner only, and ld.so.preload exactly what install-hook writes for HOOK; otherwise
+    /// it exits (at start) or fails the container's start (Allocate), naming the file.
+    #[command(verbatim_doc_comment)]
+    ServePreload(crate::commands::serve_preload::ServePreloadArgs),
 }
 
 impl Command {
@@ -179,7 +191,7 @@ impl Command {
             Self::Run(args) => Some(&mut args.source.node_name),
             Self::Inventory(args) => Some(&mut args.source.node_name),
             Self::Plan(args) => Some(&mut args.node),
-            Self::InstallHook(_) => None,
+            Self::InstallHook(_) | Self::ServePreload(_) => None,
         }
     }
 
@@ -188,7 +200,7 @@ impl Command {
         match self {
             Self::Run(args) => Some(&mut args.allocate.device_list),
             Self::Plan(args) => Some(&mut args.device_list),
-            Self::Inventory(_) | Self::InstallHook(_) => None,
+            Self::Inventory(_) | Self::InstallHook(_) | Self::ServePreload(_) => None,
         }
     }
 
@@ -198,6 +210,7 @@ impl Command {
             Self::Run(args) => Some(&mut args.allocate.hook_path),
             Self::Plan(args) => Some(&mut args.hook_path),
             Self::InstallHook(args) => Some(&mut args.hook_path),
+            Self::ServePreload(args) => Some(&mut args.hook_path),
             Self::Inventory(_) => None,
         }
     }

@@ -7,6 +7,7 @@ use hami_device_plugin::app::{self, AppError};
 use hami_device_plugin::cli::{Cli, Command};
 use hami_device_plugin::commands::install_hook::{self, InstallReport, NodeGpusReport};
 use hami_device_plugin::commands::plan::{self as dry_run, PlanReport};
+use hami_device_plugin::commands::serve_preload;
 
 fn print_json(value: &impl serde::Serialize) {
     match serde_json::to_string_pretty(value) {
@@ -97,6 +98,13 @@ fn main() -> ExitCode {
             Command::InstallHook(args) => install_hook::install_hook(&args)
                 .map_err(AppError::from)
                 .map(|report| print_install(&report)),
+            Command::ServePreload(args) => {
+                // As for `run`: a SIGTERM must not leave the socket behind.
+                let shutdown = hami_ops::shutdown_signal().map_err(AppError::Signals)?;
+                serve_preload::serve_preload(&args, shutdown)
+                    .await
+                    .map_err(AppError::from)
+            }
         }
     });
     match result {

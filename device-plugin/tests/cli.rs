@@ -1,5 +1,6 @@
 //! The `hami-device-plugin` binary: `inventory` output, configuration errors and exit codes,
-//! SIGTERM cleanup of the socket, `--log-format json`, `--metrics-listen` errors.
+//! SIGTERM cleanup of the socket, `--log-format json`, `--metrics-listen` errors, `serve-preload`'s
+//! refusals at start.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
@@ -671,5 +672,46 @@ fn fail_on_init_error_decides_between_exiting_and_waiting_without_nvml() {
     assert!(
         err.contains("FAIL_ON_INIT_ERROR (--fail-on-init-error) \"maybe\" is not a boolean"),
         "{err}"
+    );
+}
+
+/// `serve-preload` refuses to start on a hook folder `install-hook` did not fill (exit 1, naming
+/// the folder), and on an unusable `--hook-path` or slot count (exit 2), before touching the
+/// kubelet folder.
+#[test]
+fn serve_preload_does_not_start_without_an_installed_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet_dir = dir.path().join("device-plugins");
+    std::fs::create_dir(&kubelet_dir).unwrap();
+    let empty = dir.path().join("hook");
+    let run = |args: &[&str]| {
+        let out = plugin()
+            .arg("serve-preload")
+            .arg(format!("--kubelet-dir={}", kubelet_dir.display()))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(&[&format!("--hook-path={}", empty.display())]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}/vgpu is missing", empty.display()))
+            && stderr.contains("install-hook"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(&["--hook-path=relative/hook"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("not an absolute path"), "{stderr}");
+    let (code, stderr) = run(&[&format!("--hook-path={}", empty.display()), "--slots=0"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--slots"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(&kubelet_dir).unwrap().count(),
+        0,
+        "no socket left behind"
     );
 }

@@ -337,6 +337,12 @@ pub const DEVICE_PLUGIN_DIR: &str = "/var/lib/kubelet/device-plugins";
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
 /// Socket file name for `nvidia.com/gpu`.
 pub const NVIDIA_GPU_SOCKET: &str = "nvidia-gpu.sock";
+/// The extended resource that brings HAMi-core into a KAI container: the webhook requests one
+/// per preloaded container (`kai.hookDelivery: device-plugin`), and the hook installer serves it
+/// as a kubelet device plugin whose `Allocate` mounts the hook folder's files read-only.
+pub const RESOURCE_PRELOAD: &str = "hami.io/preload";
+/// Socket file name of the `hami.io/preload` device plugin.
+pub const PRELOAD_SOCKET: &str = "hami-preload.sock";
 
 // ---------------------------------------------------------------------------------------------
 // Resource names (HAMi chart defaults)

@@ -1,7 +1,9 @@
 //! The preload library reaches every container that gets the preload list, with nothing else to
 //! change: `install-hook` fills a hook folder, then every path the generated `ld.so.preload` names
-//! must resolve, through the mounts the device plugin (HAMi pods, `plan`) and the webhook (KAI
-//! pods, which mount the whole folder) give the container, to the file `install-hook` installed.
+//! must resolve, through the mounts the device plugin (HAMi pods, `plan`), the `hami.io/preload`
+//! plugin (KAI pods, `kai.hookDelivery: device-plugin`) or the webhook (KAI pods,
+//! `kai.hookDelivery: hostPath`, which mount the whole folder) give the container, to the file
+//! `install-hook` installed.
 //! A listed but unreachable library would make the loader print an error in every process.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -9,7 +11,9 @@ use std::path::{Path, PathBuf};
 
 use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
 use hami_device_plugin::commands::plan::{PlanArgs, run_plan};
-use hami_webhook::policy::kai::KaiSettings;
+use hami_device_plugin::commands::serve_preload::plugin::{allocate_response, inspect_hook};
+use hami_device_plugin::kubelet::api::v1beta1;
+use hami_webhook::policy::kai::{HookDelivery, KaiSettings};
 use hami_webhook::policy::settings::Settings;
 use hami_webhook::{Decision, decide_pod};
 use k8s_openapi::api::core::v1::Pod;
@@ -118,15 +122,14 @@ fn hami_pods_get_the_list_and_the_library_through_allocate_mounts() {
     assert_list_reachable(&mounts, &hook.join("vgpu"), "HAMi pod (plan)");
 }
 
-#[test]
-fn kai_pods_get_the_library_through_the_hook_folder_with_nothing_else_to_change() {
-    let (_dir, hook) = installed_hook();
-    let vgpu = hook.join("vgpu");
+/// The example KAI pod as the webhook mutates it with `hook_delivery`, the hook folder `vgpu`.
+fn mutated_kai_pod(vgpu: &Path, hook_delivery: HookDelivery) -> Pod {
     let text = std::fs::read_to_string(repo().join("examples/kai-gpu-memory-pod.yaml")).unwrap();
     let pod: Value = serde_yaml_ng::from_str(&text).unwrap();
     let settings = Settings {
         kai: KaiSettings {
             hook_path: vgpu.display().to_string(),
+            hook_delivery,
             ..KaiSettings::default()
         },
         ..Settings::default()
@@ -145,7 +148,68 @@ fn kai_pods_get_the_library_through_the_hook_folder_with_nothing_else_to_change(
         serde_json::from_value(serde_json::to_value(&patch).unwrap()).unwrap();
     let mut patched = pod.clone();
     json_patch::patch(&mut patched, &patch).unwrap();
-    let patched: Pod = serde_json::from_value(patched).unwrap();
+    serde_json::from_value(patched).unwrap()
+}
+
+/// The node GPU file is at `<KAI hook folder>/node-gpus` inside the container too (the path the
+/// limits file's HAMI_NODE_GPUS names).
+fn assert_node_gpus_reachable(mounts: &[(String, PathBuf)], vgpu: &Path) {
+    let node_gpus = format!("{}/{}", vgpu.display(), hami_shared::names::NODE_GPUS_FILE);
+    let host = resolve(mounts, &node_gpus)
+        .unwrap_or_else(|| panic!("{node_gpus} is not mounted: {mounts:?}"));
+    assert_eq!(host, vgpu.join(hami_shared::names::NODE_GPUS_FILE));
+    assert!(
+        hami_shared::node_gpus::parse(&std::fs::read(&host).unwrap()).usable(),
+        "{}",
+        host.display()
+    );
+}
+
+#[test]
+fn kai_pods_get_the_library_through_the_preload_resource() {
+    let (_dir, hook) = installed_hook();
+    let vgpu = hook.join("vgpu");
+    let pod = mutated_kai_pod(&vgpu, HookDelivery::DevicePlugin);
+    let spec = pod.spec.unwrap();
+    assert!(
+        spec.volumes.iter().flatten().all(|v| v.host_path.is_none()),
+        "no hostPath volume"
+    );
+    let container = &spec.containers[0];
+    let limits = container
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap();
+    assert_eq!(limits["hami.io/preload"].0, "1");
+    // What kubelet then gets from the hami.io/preload plugin on a node with this folder.
+    let found = inspect_hook(&vgpu).unwrap();
+    let response = allocate_response(
+        &found,
+        8,
+        &v1beta1::AllocateRequest {
+            container_requests: vec![v1beta1::ContainerAllocateRequest {
+                devices_ids: vec!["preload-0".to_owned()],
+            }],
+        },
+    )
+    .unwrap();
+    let mounts: Vec<(String, PathBuf)> = response.container_responses[0]
+        .mounts
+        .iter()
+        .map(|m| (m.container_path.clone(), PathBuf::from(&m.host_path)))
+        .collect();
+    assert_list_reachable(&mounts, &vgpu, "KAI pod (hami.io/preload)");
+    assert_node_gpus_reachable(&mounts, &vgpu);
+}
+
+#[test]
+fn kai_pods_get_the_library_through_the_hook_folder_with_nothing_else_to_change() {
+    let (_dir, hook) = installed_hook();
+    let vgpu = hook.join("vgpu");
+    let patched = mutated_kai_pod(&vgpu, HookDelivery::HostPath);
     let spec = patched.spec.unwrap();
     let volumes = spec.volumes.unwrap_or_default();
     let container = &spec.containers[0];
@@ -164,15 +228,5 @@ fn kai_pods_get_the_library_through_the_hook_folder_with_nothing_else_to_change(
         })
         .collect();
     assert_list_reachable(&mounts, &vgpu, "KAI pod (webhook)");
-    // The node GPU file is at `<KAI hook folder>/node-gpus` inside the container too (the path
-    // the limits file's HAMI_NODE_GPUS names): the folder is mounted at its host path.
-    let node_gpus = format!("{}/{}", vgpu.display(), hami_shared::names::NODE_GPUS_FILE);
-    let host = resolve(&mounts, &node_gpus)
-        .unwrap_or_else(|| panic!("{node_gpus} is not mounted: {mounts:?}"));
-    assert_eq!(host, vgpu.join(hami_shared::names::NODE_GPUS_FILE));
-    assert!(
-        hami_shared::node_gpus::parse(&std::fs::read(&host).unwrap()).usable(),
-        "{}",
-        host.display()
-    );
+    assert_node_gpus_reachable(&mounts, &vgpu);
 }

@@ -995,6 +995,61 @@ fn kai_gpu_fraction_basis_from_real_nodes(c: &mut Cluster) {
     }
 }
 
+/// Tenant namespaces keep Pod Security `baseline`: a HAMi GPU pod and a KAI fraction pod, as our
+/// webhook mutates them (defaults: the KAI hook by `hami.io/preload`), are admitted by the API
+/// server's PodSecurity admission, and a tenant's own `hostPath` in the same namespace is refused.
+fn tenant_namespace_keeps_baseline(c: &mut Cluster) {
+    let ns = "psa-baseline";
+    c.ok(&["create", "namespace", ns], None);
+    c.ok(
+        &[
+            "label",
+            "namespace",
+            ns,
+            "pod-security.kubernetes.io/enforce=baseline",
+        ],
+        None,
+    );
+    let hami = pod(
+        "psa-hami",
+        json!({}),
+        json!([container(
+            "cuda",
+            json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})
+        )]),
+    );
+    let kai = kai_pod("psa-kai", json!({"gpu-memory": "3000"}));
+    for p in [&hami, &kai] {
+        let name = p["metadata"]["name"].as_str().unwrap();
+        let (stored, _) = c
+            .create_pod(ns, p)
+            .unwrap_or_else(|e| panic!("{name}: refused in a baseline namespace:\n{e}"));
+        let host_paths: Vec<&Value> = stored["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| !v["hostPath"].is_null())
+            .collect();
+        assert!(host_paths.is_empty(), "{name}: {host_paths:?}");
+    }
+    let stored = c.get("pod", Some(ns), "psa-kai");
+    assert_eq!(
+        stored["spec"]["containers"][0]["resources"]["limits"]["hami.io/preload"], "1",
+        "{stored}"
+    );
+    let mut own = pod("psa-host", json!({}), json!([container("c", json!({}))]));
+    own["spec"]["volumes"] = json!([{"name": "root", "hostPath": {"path": "/"}}]);
+    own["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "root", "mountPath": "/host"}]);
+    let err = c
+        .create_pod(ns, &own)
+        .expect_err("a hostPath pod admitted in a baseline namespace");
+    assert!(
+        err.contains("violates PodSecurity") && err.contains("hostPath"),
+        "{err}"
+    );
+    c.ok(&["delete", "namespace", ns, "--wait=false"], None);
+}
+
 fn denials_as_kubectl_prints_them(c: &mut Cluster) {
     let cases = [
         (
@@ -2091,6 +2146,10 @@ const CASES: &[Case<Cluster>] = &[
     (
         "KAI gpu-fraction: basis from real Node objects, changed through the API",
         kai_gpu_fraction_basis_from_real_nodes,
+    ),
+    (
+        "Pod Security baseline: HAMi and KAI GPU pods admitted, a tenant's hostPath refused",
+        tenant_namespace_keeps_baseline,
     ),
     (
         "denials as kubectl prints them",

@@ -560,6 +560,13 @@ fn chart_pods_run(n: &mut Node) {
         let d = n.get("daemonset", Some(NS), &format!("{PREFIX}-{ds}"));
         assert_eq!(d["status"]["numberReady"], 1, "{ds}: {}", d["status"]);
     }
+    // The hook installer serves hami.io/preload (webhook.kai.hookDelivery: device-plugin, the
+    // default), through which KAI containers get the hook: kubelet advertises its slots.
+    hami_tests::real::wait_for(
+        "hami.io/preload on the node",
+        Duration::from_secs(60),
+        || n.get("node", None, NODE)["status"]["allocatable"]["hami.io/preload"] == "1024",
+    );
     n.ok(&["create", "namespace", TENANT], None);
 }
 

@@ -3,11 +3,14 @@
 //! volumes and mounts; the projected limits files must parse with no diagnostic (what
 //! `hami-limits check` runs); reviewing the patched pod again must change nothing and warn about
 //! nothing.
+//!
+//! These tests check the volume layout of `kai.hookDelivery: hostPath` (the layout of earlier
+//! releases, still selectable); `kai_hook_delivery.rs` checks the default, `device-plugin`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use hami_shared::limits_file::parse;
 use hami_webhook::policy::basis::{NoBasis, NotSynced, VramBasis};
-use hami_webhook::policy::kai::{KaiSettings, MissingBasis, PreloadContainers};
+use hami_webhook::policy::kai::{HookDelivery, KaiSettings, MissingBasis, PreloadContainers};
 use hami_webhook::policy::settings::Settings;
 use hami_webhook::shell::vram::{KaiMetrics, VramIndex};
 use hami_webhook::{Decision, Observation, decide_pod};
@@ -22,11 +25,27 @@ fn object(review: &str) -> Value {
     v["request"]["object"].clone()
 }
 
+/// The default `kai:` section with `hookDelivery: hostPath`.
+fn host_path_kai() -> KaiSettings {
+    KaiSettings {
+        hook_delivery: HookDelivery::HostPath,
+        ..KaiSettings::default()
+    }
+}
+
+/// The default settings with `kai.hookDelivery: hostPath`.
+fn host_path() -> Settings {
+    Settings {
+        kai: host_path_kai(),
+        ..Settings::default()
+    }
+}
+
 fn settings(vram: u64) -> Settings {
     Settings {
         kai: KaiSettings {
             per_gpu_vram_mib: Some(vram),
-            ..KaiSettings::default()
+            ..host_path_kai()
         },
         ..Settings::default()
     }
@@ -44,7 +63,7 @@ fn warn() -> Settings {
     Settings {
         kai: KaiSettings {
             missing_basis: MissingBasis::Warn,
-            ..KaiSettings::default()
+            ..host_path_kai()
         },
         ..Settings::default()
     }
@@ -667,7 +686,7 @@ fn mount_paths_are_compared_cleaned_and_mounts_above_or_inside_ours_are_denied()
 
 #[test]
 fn missing_basis_deny_is_the_default_and_refuses_fraction_pods_without_a_basis_only() {
-    let deny = Settings::default();
+    let deny = host_path();
     assert_eq!(deny.kai.missing_basis, MissingBasis::Deny);
     let pod = object(SMALL);
     for (basis, reason) in [
@@ -857,7 +876,7 @@ fn basis_from_nodes_is_narrowed_by_placement() {
         {"metadata": {"name": "mig", "labels": {"nvidia.com/gpu.memory": "9728", "pool": "train", "nvidia.com/mig.strategy": "single"}}}
     ]});
     let index = node_index(nodes);
-    let s = Settings::default();
+    let s = host_path();
     let limit = |pod: &Value| {
         let out = mutate_with(pod, &s, &index);
         env(

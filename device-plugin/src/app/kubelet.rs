@@ -54,10 +54,11 @@ pub(super) async fn wait_for_gpus<S: Future<Output = ()>>(
             }
             Err(error) => return Err(error),
         };
-        tracing::warn!(%reason, "No devices found. Waiting indefinitely.");
         ops.probes.set_waiting(true);
         ops.readiness.set(plugin::READY_REGISTERED, true);
         metrics.set_devices(0, 0);
+        // Logged once the probes say so: whoever reads the line may probe at once.
+        tracing::warn!(%reason, "No devices found. Waiting indefinitely.");
         if !kubelet_restarted(&kubelet_socket, watch_interval(args), shutdown).await {
             return Ok(None);
         }

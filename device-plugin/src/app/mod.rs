@@ -97,6 +97,9 @@ pub enum AppError {
     /// `install-hook` failed.
     #[error(transparent)]
     InstallHook(#[from] crate::commands::install_hook::InstallHookError),
+    /// `serve-preload` failed.
+    #[error(transparent)]
+    ServePreload(#[from] crate::commands::serve_preload::ServePreloadError),
     /// `ENABLE_TOPOLOGY_SCORE=true` but the links between GPUs cannot be read.
     #[error(
         "{}=true: cannot read how the GPUs are linked: {source}",
@@ -122,6 +125,7 @@ impl AppError {
             | Self::MetricsListen(_)
             | Self::Plan(crate::commands::plan::DryRunError::Config(_)) => 2,
             Self::InstallHook(e) => e.exit_code(),
+            Self::ServePreload(e) => e.exit_code(),
             _ => 1,
         }
     }

@@ -16,6 +16,7 @@ use crate::kubelet::api::{self, v1beta1};
 use crate::kubelet::service::{DevicePluginService, SharedState};
 use crate::metrics::{Metrics, ReregisterReason};
 use hami_ops::Readiness;
+use v1beta1::device_plugin_server::DevicePlugin;
 
 /// Where and how the plugin meets kubelet.
 #[derive(Debug, Clone)]
@@ -63,6 +64,30 @@ impl Lifecycle {
 pub fn socket_name(resource_name: &str) -> String {
     let name = resource_name.rsplit('/').next().unwrap_or(resource_name);
     format!("nvidia-{name}.sock")
+}
+
+/// A device plugin this lifecycle can serve: what it tells kubelet at registration, and the
+/// gRPC service of one bound socket (stopped when `stop` becomes true, so that its
+/// `ListAndWatch` streams end and a graceful shutdown does not wait for them).
+pub trait ServedPlugin: Send + Sync + 'static {
+    /// The service kubelet calls.
+    type Service: DevicePlugin;
+    /// What `Register` and `GetDevicePluginOptions` announce.
+    fn options(&self) -> v1beta1::DevicePluginOptions;
+    /// The service of one bound socket.
+    fn service(self: &Arc<Self>, stop: watch::Receiver<bool>) -> Self::Service;
+}
+
+impl ServedPlugin for SharedState {
+    type Service = DevicePluginService;
+
+    fn options(&self) -> v1beta1::DevicePluginOptions {
+        self.options
+    }
+
+    fn service(self: &Arc<Self>, stop: watch::Receiver<bool>) -> DevicePluginService {
+        DevicePluginService::new(Arc::clone(self), stop)
+    }
 }
 
 /// Lifecycle failures that stop the plugin.
@@ -148,7 +173,7 @@ impl Bound {
     }
 }
 
-fn bind(lifecycle: &Lifecycle, state: &Arc<SharedState>) -> Result<Bound, LifecycleError> {
+fn bind<P: ServedPlugin>(lifecycle: &Lifecycle, state: &Arc<P>) -> Result<Bound, LifecycleError> {
     let path = lifecycle.socket_path();
     // A socket file left by an earlier run (crash, SIGKILL) makes bind fail with EADDRINUSE.
     match std::fs::remove_file(&path) {
@@ -162,7 +187,7 @@ fn bind(lifecycle: &Lifecycle, state: &Arc<SharedState>) -> Result<Bound, Lifecy
     })?;
     let identity = identity(&path);
     let (stop, stopped) = watch::channel(false);
-    let service = DevicePluginService::new(Arc::clone(state), stopped.clone());
+    let service = state.service(stopped.clone());
     let mut shutdown = stopped;
     let server = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
@@ -202,9 +227,9 @@ enum Event {
 }
 
 /// Serves kubelet until `shutdown` completes, re-binding and re-registering as needed.
-pub async fn serve(
+pub async fn serve<P: ServedPlugin>(
     lifecycle: Lifecycle,
-    state: Arc<SharedState>,
+    state: Arc<P>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), LifecycleError> {
     let metrics = Arc::new(Metrics::new());
@@ -225,9 +250,9 @@ pub fn readiness(socket: PathBuf) -> Readiness {
 
 /// [`serve`], counting registrations in `metrics` and keeping `readiness` current (ready from a
 /// successful registration until the next re-bind).
-pub async fn serve_observed(
+pub async fn serve_observed<P: ServedPlugin>(
     lifecycle: Lifecycle,
-    state: Arc<SharedState>,
+    state: Arc<P>,
     metrics: &Metrics,
     readiness: &Readiness,
     shutdown: impl std::future::Future<Output = ()>,
@@ -242,7 +267,7 @@ pub async fn serve_observed(
         let mut backoff = hami_ops::Backoff::new(lifecycle.backoff_min, lifecycle.backoff_max);
         let mut kubelet = identity(&lifecycle.kubelet_socket());
         let event = loop {
-            match register(&lifecycle, state.options).await {
+            match register(&lifecycle, state.options()).await {
                 Ok(()) => {
                     metrics.observe_registration(true);
                     readiness.set(READY_REGISTERED, true);

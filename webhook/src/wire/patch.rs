@@ -298,6 +298,50 @@ impl<'p, 'a> PodPatch<'p, 'a> {
         });
     }
 
+    /// Set `resources.limits[name]` and `resources.requests[name]` to `value`, creating
+    /// `resources`, `limits` or `requests` where the container lacks them (an extended resource
+    /// needs both to agree; `add` of an object member creates or replaces it).
+    pub fn set_container_resource(&mut self, at: ContainerRef, name: &str, value: &str) {
+        if !self.spend(2 * (OP_OVERHEAD + json_len(name) + json_len(value))) {
+            return;
+        }
+        let base = format!("/spec/{}/{}/resources", at.kind.field(), at.index);
+        let entry = || {
+            let mut map = serde_json::Map::new();
+            map.insert(name.to_owned(), Value::String(value.to_owned()));
+            Value::Object(map)
+        };
+        let resources = self.pod.container(at).and_then(|c| c.resources.as_ref());
+        let Some(resources) = resources else {
+            self.scalars.push(PatchOp {
+                op: PatchOpKind::Add,
+                path: base,
+                value: PatchValue::Json(
+                    serde_json::json!({"limits": entry(), "requests": entry()}),
+                ),
+            });
+            return;
+        };
+        for (field, present) in [
+            ("limits", resources.limits.is_some()),
+            ("requests", resources.requests.is_some()),
+        ] {
+            let (path, value) = if present {
+                (
+                    format!("{base}/{field}/{}", escape_token(name)),
+                    PatchValue::String(value.to_owned()),
+                )
+            } else {
+                (format!("{base}/{field}"), PatchValue::Json(entry()))
+            };
+            self.scalars.push(PatchOp {
+                op: PatchOpKind::Add,
+                path,
+                value,
+            });
+        }
+    }
+
     /// Whether the container already defines `name` in its env, or this patch adds it.
     #[must_use]
     pub fn container_has_env(&self, at: ContainerRef, name: &str) -> bool {

@@ -353,6 +353,12 @@ impl<'a> Container<'a> {
         self.resources.as_ref()?.limits.as_ref()?.get(name)
     }
 
+    /// `resources.requests[name]`.
+    #[must_use]
+    pub fn request(&self, name: &str) -> Option<&str> {
+        self.resources.as_ref()?.requests.as_ref()?.get(name)
+    }
+
     /// Whether `name` appears in the container's limits or requests.
     #[must_use]
     pub fn names_resource(&self, name: &str) -> bool {

@@ -28,7 +28,7 @@ use hami_shared::values::{LimitDelivery, MemoryLimitMib};
 use serde_json::Value;
 
 use crate::policy::basis::SkipReason;
-use crate::policy::kai::inject::{OurMount, check_mounts};
+use crate::policy::kai::inject::{MountSource, OurMount, check_mounts};
 use crate::policy::mutation::{Denial, PodMutation, ProjectedFile};
 use crate::wire::patch::{DownwardApi, DownwardItem, DownwardVolume, FieldRef, NewMount};
 use crate::wire::pod::ContainerRef;
@@ -189,7 +189,7 @@ fn check_override_env_mounts(
             m,
             c,
             &[OurMount {
-                volume: LIMITS_VOLUME,
+                source: MountSource::Volume(LIMITS_VOLUME),
                 path: OVERRIDE_ENV_PATH,
                 sub_path: Some(&c.name),
                 what: "the limits file HAMi-core reads; the path is reserved for hami-limits",

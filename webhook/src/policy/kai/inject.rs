@@ -1,9 +1,11 @@
-//! HAMi-core preload injection (as KAI-resource-isolator does it) and the memory-limit variable.
+//! HAMi-core preload injection (a `hami.io/preload` device plugin resource, or the hostPath
+//! volume KAI-resource-isolator adds) and the memory-limit variable.
 
-use hami_shared::names::ENV_CUDA_DEVICE_MEMORY_LIMIT;
+use hami_shared::names::{ENV_CUDA_DEVICE_MEMORY_LIMIT, RESOURCE_PRELOAD};
 use hami_shared::values::MemoryLimitMib;
 use serde_json::json;
 
+use crate::policy::kai::settings::HookDelivery;
 use crate::policy::mutation::{Denial, PodMutation};
 use crate::wire::mountpath::{Overlap, overlap, resolve};
 use crate::wire::patch::NewMount;
@@ -17,24 +19,135 @@ pub const LD_SO_PRELOAD: &str = "/etc/ld.so.preload";
 /// The file in the hook folder that becomes `/etc/ld.so.preload`.
 pub const LD_SO_PRELOAD_SUBPATH: &str = "ld.so.preload";
 
-/// Add the HAMi-core volume and mount it into each target container at `hook_path` and at
-/// `/etc/ld.so.preload` (subPath `ld.so.preload`). Both mounts are read-only: a writable hostPath
-/// of the library folder would let one pod replace `libvgpu.so` for every pod on the node.
-/// Nothing is added twice; an existing volume of that name must be the same hostPath.
+/// Bring HAMi-core into each target container, as `delivery` says:
+///
+/// - [`HookDelivery::DevicePlugin`]: one `hami.io/preload` in the container's limits and
+///   requests. The hook installer serves that resource as a kubelet device plugin whose
+///   `Allocate` mounts the hook folder's files (at `hook_path`) and `/etc/ld.so.preload`
+///   read-only: no pod volume, so Pod Security `baseline` admits the pod, and only a node that
+///   serves the hook can take it.
+/// - [`HookDelivery::HostPath`]: the HAMi-core volume (a `hostPath` of `hook_path`) mounted at
+///   `hook_path` and at `/etc/ld.so.preload` (subPath `ld.so.preload`), as KAI-resource-isolator
+///   adds it. Both mounts are read-only: a writable hostPath of the library folder would let one
+///   pod replace `libvgpu.so` for every pod on the node. An existing volume of that name must be
+///   the same hostPath.
+///
+/// Nothing is added twice.
 ///
 /// # Errors
-/// [`Denial`] when the pod already defines the volume differently, or a target container has a
-/// mount of its own at, above or inside one of the two paths (HAMi-core would not be loaded, or
-/// not from the host's folder): see [`check_mounts`].
+/// [`Denial`] when a target container has a mount of its own at, above or inside one of the two
+/// paths (HAMi-core would not be loaded, or not from the host's folder: see [`check_mounts`]); in
+/// `device-plugin` delivery, when a container asks for `hami.io/preload` itself; in `hostPath`
+/// delivery, when the pod already defines the volume differently.
 pub fn preload(
     m: &mut PodMutation<'_, '_>,
     targets: &[ContainerRef],
     hook_path: &str,
+    delivery: HookDelivery,
 ) -> Result<(), Denial> {
-    let pod = m.pod();
+    if delivery == HookDelivery::DevicePlugin {
+        // Checked even when nothing is preloaded: the resource is the webhook's to give.
+        check_preload_requests(m, targets)?;
+    }
     if targets.is_empty() {
         return Ok(());
     }
+    if delivery == HookDelivery::HostPath {
+        add_hook_volume(m, hook_path)?;
+    }
+    let hook = resolve(hook_path);
+    let source = match delivery {
+        HookDelivery::DevicePlugin => MountSource::Resource(RESOURCE_PRELOAD),
+        HookDelivery::HostPath => MountSource::Volume(PRELOAD_VOLUME),
+    };
+    let ours = [
+        OurMount {
+            source,
+            path: &hook,
+            sub_path: None,
+            what: "the HAMi-core library folder",
+        },
+        OurMount {
+            source,
+            path: LD_SO_PRELOAD,
+            sub_path: Some(LD_SO_PRELOAD_SUBPATH),
+            what: "the preload list that loads HAMi-core",
+        },
+    ];
+    let pod = m.pod();
+    for &at in targets {
+        let Some(container) = pod.container(at) else {
+            continue;
+        };
+        check_mounts(m, container, &ours)?;
+        m.check_patch_size()?;
+        match delivery {
+            HookDelivery::DevicePlugin => {
+                if container.limit(RESOURCE_PRELOAD).is_none() {
+                    m.patch
+                        .set_container_resource(at, RESOURCE_PRELOAD, PRELOAD_COUNT);
+                }
+            }
+            HookDelivery::HostPath => {
+                for our in &ours {
+                    if m.patch.container_has_mount_path(at, our.path) {
+                        continue;
+                    }
+                    m.patch.add_volume_mount(
+                        at,
+                        NewMount {
+                            name: PRELOAD_VOLUME.to_owned(),
+                            mount_path: our.path.to_owned(),
+                            sub_path: our.sub_path.map(str::to_owned),
+                            read_only: true,
+                        },
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How many `hami.io/preload` a preloaded container gets: one (the mounts are the same for any
+/// number, and each one held is a slot of the node's plugin).
+pub const PRELOAD_COUNT: &str = "1";
+
+/// `hami.io/preload` is the webhook's to give: a container it preloads may carry exactly
+/// `1` (an earlier review's), and no other container may ask for it — each one held is a slot of
+/// the node's plugin, and a container that takes HAMi-core on its own escapes the mount checks
+/// the webhook makes for the ones it preloads.
+fn check_preload_requests(m: &PodMutation<'_, '_>, targets: &[ContainerRef]) -> Result<(), Denial> {
+    let pod = m.pod();
+    for (at, container) in pod.all_containers() {
+        if !container.names_resource(RESOURCE_PRELOAD) {
+            continue;
+        }
+        if !targets.contains(&at) {
+            return Err(m.deny(format_args!(
+                "container {:?} requests {RESOURCE_PRELOAD}, which hami-limits gives only to the containers it preloads HAMi-core into (kai.preloadContainers); remove it",
+                container.name
+            )));
+        }
+        let limit = container.limit(RESOURCE_PRELOAD);
+        let request = container.request(RESOURCE_PRELOAD);
+        let ours = |v: Option<&str>| v.is_none_or(|v| v == PRELOAD_COUNT);
+        if limit.is_none() || !ours(limit) || !ours(request) {
+            return Err(m.deny(format_args!(
+                "container {:?} sets {RESOURCE_PRELOAD} to limit {:?}, request {:?}; hami-limits sets it (limit and request {PRELOAD_COUNT}) on the containers it preloads: remove it",
+                container.name,
+                limit.unwrap_or(""),
+                request.unwrap_or("")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The `hostPath` volume of the hook folder, added unless the pod has it; a pod-defined volume of
+/// that name must be the same hostPath.
+fn add_hook_volume(m: &mut PodMutation<'_, '_>, hook_path: &str) -> Result<(), Denial> {
+    let pod = m.pod();
     match pod
         .spec
         .volumes
@@ -61,50 +174,32 @@ pub fn preload(
             }
         }
     }
-    let hook = resolve(hook_path);
-    let ours = [
-        OurMount {
-            volume: PRELOAD_VOLUME,
-            path: &hook,
-            sub_path: None,
-            what: "the HAMi-core library folder",
-        },
-        OurMount {
-            volume: PRELOAD_VOLUME,
-            path: LD_SO_PRELOAD,
-            sub_path: Some(LD_SO_PRELOAD_SUBPATH),
-            what: "the preload list that loads HAMi-core",
-        },
-    ];
-    for &at in targets {
-        let Some(container) = pod.container(at) else {
-            continue;
-        };
-        check_mounts(m, container, &ours)?;
-        m.check_patch_size()?;
-        for our in &ours {
-            if m.patch.container_has_mount_path(at, our.path) {
-                continue;
-            }
-            m.patch.add_volume_mount(
-                at,
-                NewMount {
-                    name: PRELOAD_VOLUME.to_owned(),
-                    mount_path: our.path.to_owned(),
-                    sub_path: our.sub_path.map(str::to_owned),
-                    read_only: true,
-                },
-            );
+    Ok(())
+}
+
+/// What provides one of the webhook's mounts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountSource<'s> {
+    /// A volume of the pod, by name.
+    Volume(&'s str),
+    /// A device plugin resource whose `Allocate` mounts it (no volume in the pod).
+    Resource(&'s str),
+}
+
+impl std::fmt::Display for MountSource<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Volume(name) => write!(f, "volume {name:?}"),
+            Self::Resource(name) => write!(f, "resource {name:?} (kubelet mounts it)"),
         }
     }
-    Ok(())
 }
 
 /// A mount the webhook adds to a container, at a clean absolute `path`.
 #[derive(Debug, Clone, Copy)]
 pub struct OurMount<'s> {
-    /// The volume.
-    pub volume: &'s str,
+    /// What provides it.
+    pub source: MountSource<'s>,
     /// Where, cleaned.
     pub path: &'s str,
     /// Its `subPath`, if any.
@@ -116,7 +211,8 @@ pub struct OurMount<'s> {
 /// Refuse a container whose own mounts would clash with one of `ours`: a mount at the same path
 /// once cleaned (`/overrideEnv/`, `//overrideEnv`, `/tmp/../overrideEnv`), a mount above it that
 /// could hide it (`/etc`, `/`) or one inside it that would replace part of it. A mount that is
-/// exactly ours (same volume, path and `subPath`: an earlier review added it) is fine.
+/// exactly ours (same volume, path and `subPath`: an earlier review added it) is fine; a mount
+/// kubelet makes for a device plugin resource is never in the spec, so nothing there is ours.
 ///
 /// # Errors
 /// [`Denial`] naming the container, both mounts and the fix.
@@ -132,18 +228,18 @@ pub fn check_mounts(
                 continue;
             };
             if overlap == Overlap::Same
-                && mnt.name == our.volume
+                && our.source == MountSource::Volume(&mnt.name)
                 && mnt.sub_path.as_deref() == our.sub_path
             {
                 continue;
             }
             return Err(m.deny(format_args!(
-                "container {:?} mounts volume {:?} at {:?} ({theirs}), {} the mount hami-limits adds: volume {:?} at {} ({}); remove or move that mount",
+                "container {:?} mounts volume {:?} at {:?} ({theirs}), {} the mount hami-limits adds: {} at {} ({}); remove or move that mount",
                 container.name,
                 mnt.name,
                 mnt.mount_path,
                 overlap.describe(),
-                our.volume,
+                our.source,
                 our.path,
                 our.what
             )));

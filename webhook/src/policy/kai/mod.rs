@@ -8,8 +8,9 @@
 //! 2. [`quantity`]: the request in MiB, with exact decimal arithmetic; a fraction needs the
 //!    per-GPU VRAM basis ([`crate::policy::basis::VramBasis`], passed in by the caller) narrowed to the
 //!    nodes the pod can land on ([`crate::policy::placement`]).
-//! 3. [`inject`]: the HAMi-core preload (hostPath volume, two mounts) into the target containers,
-//!    which may not set HAMi-core's variables themselves
+//! 3. [`inject`]: the HAMi-core preload into the target containers (`kai.hookDelivery`: one
+//!    `hami.io/preload`, whose device plugin mounts the hook; or the hostPath volume and two
+//!    mounts), which may not set HAMi-core's variables themselves
 //!    ([`crate::policy::tenancy::hami_core_env`]; KAI's own entries excepted), and the limit
 //!    variable into every container that does not set one.
 //! 4. [`downward`]: in `file` delivery mode, the per-container limits file as a webhook-owned
@@ -39,7 +40,7 @@ use crate::wire::pod::ContainerRef;
 use downward::FileCap;
 
 pub use select::KaiRequest;
-pub use settings::{KaiSettings, MissingBasis, PreloadContainers};
+pub use settings::{HookDelivery, KaiSettings, MissingBasis, PreloadContainers};
 
 /// Apply the KAI mutations to a pod (`settings.kai`, and `settings.tenancy` for the pod's own
 /// opt-out and HAMi-core's variables). `vram` is the per-GPU VRAM basis for `gpu-fraction` pods,
@@ -76,7 +77,7 @@ pub fn mutate(
     let fraction = select::fraction_container(m.pod());
     let kai_entries = fraction.and_then(|at| KaiEntries::of(m.pod(), at).map(|e| (at, e)));
     check_variables(m, settings, &targets, &cap, kai_entries.as_ref())?;
-    inject::preload(m, &targets, &kai.hook_path)?;
+    inject::preload(m, &targets, &kai.hook_path, kai.hook_delivery)?;
     // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
     // webhook's `kai.limitDelivery`: KAI pods have no node config.
     let delivery = annotation_delivery.unwrap_or(kai.limit_delivery);
@@ -240,9 +241,9 @@ fn deliver_uncapped(
 }
 
 /// `HAMI_GPU_FRACTION` and `HAMI_NODE_GPUS` for a `gpu-fraction` pod in file delivery: the
-/// canonical fraction and `<kai.hookPath, cleaned>/node-gpus` (the hook folder is mounted at its
-/// own path, read-only, by [`inject::preload`], and the device plugin's `install-hook` publishes
-/// the node GPU file there). `None`, with a warning, when the file cannot hold them: the
+/// canonical fraction and `<kai.hookPath, cleaned>/node-gpus` (the hook folder's files are
+/// mounted at their own paths, read-only, as [`inject::preload`] arranges, and `install-hook`
+/// publishes the node GPU file there). `None`, with a warning, when the file cannot hold them: the
 /// admission-time cap then stands alone.
 fn per_node_keys(
     m: &mut PodMutation<'_, '_>,

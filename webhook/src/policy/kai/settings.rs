@@ -50,6 +50,41 @@ impl<'de> Deserialize<'de> for MissingBasis {
     }
 }
 
+/// How HAMi-core reaches a KAI pod's preloaded containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum HookDelivery {
+    /// The container requests one `hami.io/preload`, an extended resource the hook installer
+    /// serves as a kubelet device plugin; its `Allocate` mounts the hook folder's files read-only.
+    /// Device-plugin mounts are not pod volumes, so the pod passes Pod Security `baseline` and
+    /// `restricted`, and it can only be scheduled to a node that serves the hook (default).
+    #[default]
+    #[serde(rename = "device-plugin")]
+    DevicePlugin,
+    /// A `hostPath` volume of the hook folder in the pod, as KAI-resource-isolator adds it: the
+    /// layout of earlier releases, which Pod Security `baseline` refuses.
+    #[serde(rename = "hostPath")]
+    HostPath,
+}
+
+impl HookDelivery {
+    /// The accepted values, for messages.
+    pub const ACCEPTED: &'static str = "device-plugin, hostPath";
+}
+
+impl<'de> Deserialize<'de> for HookDelivery {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(deserializer)?;
+        match value.as_str() {
+            "device-plugin" => Ok(Self::DevicePlugin),
+            "hostPath" => Ok(Self::HostPath),
+            _ => Err(serde::de::Error::custom(format_args!(
+                "{value:?} is not one of: {}",
+                Self::ACCEPTED
+            ))),
+        }
+    }
+}
+
 /// The `kai:` settings section. Unknown keys are refused (the message names the key): this
 /// section is ours, not HAMi's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -80,6 +115,11 @@ pub struct KaiSettings {
     /// `gpu-memory` pods need no basis.
     #[serde(alias = "missingbasis")]
     pub missing_basis: MissingBasis,
+    /// How the preloaded containers get HAMi-core: `device-plugin` (default: one
+    /// `hami.io/preload` per container, served by the hook installer; no `hostPath` in the pod)
+    /// or `hostPath` (the volume of earlier releases). Env `HAMI_KAI__HOOKDELIVERY`.
+    #[serde(alias = "hookdelivery")]
+    pub hook_delivery: HookDelivery,
 }
 
 impl Default for KaiSettings {
@@ -92,6 +132,7 @@ impl Default for KaiSettings {
             node_label_selector: hami_shared::names::LABEL_GPU_MEMORY.to_owned(),
             limit_delivery: LimitDelivery::File,
             missing_basis: MissingBasis::Deny,
+            hook_delivery: HookDelivery::DevicePlugin,
         }
     }
 }

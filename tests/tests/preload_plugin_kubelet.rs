@@ -1,0 +1,256 @@
+//! The `hami.io/preload` device plugin (`serve-preload`) against the fake kubelet: it registers
+//! its own resource and socket, advertises its slots, answers `Allocate` with read-only mounts of
+//! a hook folder `install-hook` filled, refuses a folder it cannot vouch for (naming the file),
+//! and registers again after a kubelet restart.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
+use hami_device_plugin::commands::serve_preload::{
+    ServePreloadArgs, ServePreloadError, lifecycle, preload_plugin,
+};
+use hami_device_plugin::kubelet::plugin;
+use hami_tests::kubelet::FakeKubelet;
+use tokio::sync::oneshot;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A hook folder filled by the real `install-hook` (stand-in libraries, one GPU from an
+/// inventory file, so `node-gpus` is published).
+fn installed_hook(dir: &Path) -> PathBuf {
+    let image = dir.join("image");
+    std::fs::create_dir(&image).unwrap();
+    std::fs::write(image.join("libvgpu.so.v2.10.0"), b"\x7fELF hami-core").unwrap();
+    let preload = dir.join("libhami_preload.so");
+    std::fs::write(&preload, b"\x7fELF preload").unwrap();
+    let inventory = dir.join("gpus.yaml");
+    std::fs::write(
+        &inventory,
+        "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 143771}\n",
+    )
+    .unwrap();
+    let hook = dir.join("hook");
+    install_hook(&InstallHookArgs {
+        hami_core_dir: image,
+        preload,
+        hook_path: hook.clone(),
+        inventory: Some(inventory),
+    })
+    .unwrap();
+    hook
+}
+
+fn args(kubelet_dir: &Path, hook: &Path, slots: u32) -> ServePreloadArgs {
+    ServePreloadArgs {
+        hook_path: hook.to_path_buf(),
+        kubelet_dir: kubelet_dir.to_path_buf(),
+        slots,
+    }
+}
+
+/// Serve in process until the returned sender is dropped or fired.
+fn start(
+    args: &ServePreloadArgs,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), hami_device_plugin::kubelet::plugin::LifecycleError>>,
+) {
+    let plugin = Arc::new(preload_plugin(args).unwrap());
+    let mut lifecycle = lifecycle(args);
+    lifecycle.watch_interval = Duration::from_millis(50);
+    lifecycle.backoff_min = Duration::from_millis(20);
+    lifecycle.backoff_max = Duration::from_millis(500);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(plugin::serve(lifecycle, plugin, async {
+        let _ = stopped.await;
+    }));
+    (stop, task)
+}
+
+#[tokio::test]
+async fn registers_advertises_slots_and_mounts_the_hook_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = installed_hook(dir.path());
+    let vgpu = hook.join("vgpu");
+    let kubelet_dir = dir.path().join("device-plugins");
+    std::fs::create_dir(&kubelet_dir).unwrap();
+    let mut kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
+    let (stop, task) = start(&args(&kubelet_dir, &hook, 16));
+
+    let registration = kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    assert_eq!(registration.error, None);
+    assert_eq!(registration.request.resource_name, "hami.io/preload");
+    assert_eq!(registration.request.endpoint, "hami-preload.sock");
+    let options = registration.request.options.unwrap();
+    assert!(!options.pre_start_required && !options.get_preferred_allocation_available);
+    assert_eq!(registration.options, Some(options));
+    let devices = registration.devices().unwrap();
+    assert_eq!(devices.len(), 16);
+    assert_eq!(devices[0].id, "preload-0");
+    assert_eq!(devices[15].id, "preload-15");
+    assert!(devices.iter().all(|d| d.health == "Healthy"));
+
+    let mut client = kubelet.plugin().await.unwrap();
+    let response = client
+        .allocate(&[vec!["preload-3".to_owned()], vec!["preload-7".to_owned()]])
+        .await
+        .unwrap();
+    assert_eq!(response.container_responses.len(), 2);
+    let v = |name: &str| vgpu.join(name).display().to_string();
+    let expected = vec![
+        (v("libhami_preload.so"), v("libhami_preload.so")),
+        (v("libvgpu.so"), v("libvgpu.so")),
+        (v("node-gpus"), v("node-gpus")),
+        ("/etc/ld.so.preload".to_owned(), v("ld.so.preload")),
+    ];
+    for c in &response.container_responses {
+        let got: Vec<(String, String)> = c
+            .mounts
+            .iter()
+            .map(|m| (m.container_path.clone(), m.host_path.clone()))
+            .collect();
+        assert_eq!(got, expected);
+        assert!(c.mounts.iter().all(|m| m.read_only), "{:?}", c.mounts);
+        assert!(c.envs.is_empty() && c.devices.is_empty());
+    }
+    let refused = client
+        .allocate(&[vec!["preload-16".to_owned()]])
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(
+        refused.message().contains("preload-16"),
+        "{}",
+        refused.message()
+    );
+
+    // kubelet restarts: the plugin binds and registers again.
+    kubelet.restart().await.unwrap();
+    let again = kubelet.wait_for_registration(2, WAIT).await.unwrap();
+    assert_eq!(again.request.resource_name, "hami.io/preload");
+    assert_eq!(again.generation, 1);
+
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    assert!(
+        !kubelet_dir.join("hami-preload.sock").exists(),
+        "shutdown removes the socket"
+    );
+}
+
+#[tokio::test]
+async fn a_hook_folder_it_cannot_vouch_for_fails_the_container_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = installed_hook(dir.path());
+    let vgpu = hook.join("vgpu");
+    let kubelet_dir = dir.path().join("device-plugins");
+    std::fs::create_dir(&kubelet_dir).unwrap();
+    let kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
+    let (stop, task) = start(&args(&kubelet_dir, &hook, 4));
+    kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    let mut client = kubelet.plugin().await.unwrap();
+    let allocate = || vec![vec!["preload-0".to_owned()]];
+    assert!(client.allocate(&allocate()).await.is_ok());
+
+    // (break the folder, what the refusal names, put it back)
+    type Step = Box<dyn Fn(&Path)>;
+    let cases: Vec<(Step, &str, Step)> = vec![
+        (
+            // A preload list naming a library the container would not get.
+            Box::new(|v: &Path| {
+                std::fs::write(v.join("ld.so.preload"), "/elsewhere/libvgpu.so\n").unwrap();
+            }),
+            "does not list exactly",
+            Box::new(|_: &Path| {}),
+        ),
+        (
+            Box::new(|v: &Path| {
+                std::fs::set_permissions(
+                    v.join("libvgpu.so"),
+                    std::fs::Permissions::from_mode(0o666),
+                )
+                .unwrap();
+            }),
+            "has mode 666",
+            Box::new(|v: &Path| {
+                std::fs::set_permissions(
+                    v.join("libvgpu.so"),
+                    std::fs::Permissions::from_mode(0o644),
+                )
+                .unwrap();
+            }),
+        ),
+        (
+            Box::new(|v: &Path| {
+                std::fs::rename(v.join("libhami_preload.so"), v.join("moved")).unwrap();
+                std::os::unix::fs::symlink("/etc/passwd", v.join("libhami_preload.so")).unwrap();
+            }),
+            "is a symbolic link, not a regular file",
+            Box::new(|v: &Path| {
+                std::fs::remove_file(v.join("libhami_preload.so")).unwrap();
+                std::fs::rename(v.join("moved"), v.join("libhami_preload.so")).unwrap();
+            }),
+        ),
+        (
+            Box::new(|v: &Path| std::fs::rename(v.join("libvgpu.so"), v.join("moved")).unwrap()),
+            "is missing",
+            Box::new(|v: &Path| std::fs::rename(v.join("moved"), v.join("libvgpu.so")).unwrap()),
+        ),
+    ];
+    let good_list = std::fs::read(vgpu.join("ld.so.preload")).unwrap();
+    for (break_it, named, repair) in cases {
+        break_it(&vgpu);
+        let refused = client.allocate(&allocate()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refused.message().contains(named)
+                && refused.message().contains(&*vgpu.to_string_lossy()),
+            "{named}: {}",
+            refused.message()
+        );
+        repair(&vgpu);
+        std::fs::write(vgpu.join("ld.so.preload"), &good_list).unwrap();
+        std::fs::set_permissions(
+            vgpu.join("ld.so.preload"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+        assert!(
+            client.allocate(&allocate()).await.is_ok(),
+            "{named}: repaired"
+        );
+    }
+    // node-gpus withdrawn (a node whose GPUs could not be listed): no mount of it, the rest stays.
+    std::fs::remove_file(vgpu.join("node-gpus")).unwrap();
+    let response = client.allocate(&allocate()).await.unwrap();
+    let paths: Vec<&str> = response.container_responses[0]
+        .mounts
+        .iter()
+        .map(|m| m.container_path.as_str())
+        .collect();
+    assert_eq!(paths.len(), 3, "{paths:?}");
+    assert!(!paths.iter().any(|p| p.ends_with("node-gpus")));
+
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+#[test]
+fn it_does_not_start_on_a_hook_folder_that_is_not_installed() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("hook");
+    let e = preload_plugin(&args(dir.path(), &empty, 4)).unwrap_err();
+    assert!(matches!(e, ServePreloadError::Hook(_)), "{e}");
+    let message = e.to_string();
+    assert!(
+        message.contains(&*empty.join("vgpu").to_string_lossy())
+            && message.contains("install-hook"),
+        "{message}"
+    );
+    let e = preload_plugin(&args(dir.path(), Path::new("relative/hook"), 4)).unwrap_err();
+    assert_eq!(e.exit_code(), 2, "{e}");
+}
