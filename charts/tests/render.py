@@ -530,6 +530,10 @@ def render_all(chart: "helm.Chart", out: Path) -> None:
         notes = next((t for k, t in rendered.items() if k.endswith("NOTES.txt")), "")
         if "/overrideEnv" not in notes:
             raise Failure(f"render ({name}): NOTES.txt does not explain the /overrideEnv check")
+        # Never silently without the policies: NOTES says what is lost.
+        policies = [o for o in manifests(rendered) if o["kind"] == "ValidatingAdmissionPolicy"]
+        if ("WARNING: no ValidatingAdmissionPolicy installed" in notes) == bool(policies):
+            raise Failure(f"render ({name}): NOTES.txt and the rendered policies disagree ({len(policies)} policies)")
         (target / "values.json").write_text(json.dumps(chart.merge_values(overrides), indent=1))
         cel = f", matchConditions right for {cel_cases} pods" if cel_cases else ""
         print(f"render: {name}: {count} template files{cel}")
