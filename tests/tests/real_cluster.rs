@@ -1733,7 +1733,7 @@ fn device_plugin_writes_only_its_node(c: &mut Cluster) {
                 "on-dp",
                 "-n",
                 TENANT,
-                "limits.hami.io/app=x",
+                "team.example.com/owner=x",
             ],
             None,
         ),
@@ -2069,6 +2069,52 @@ fn failure_policy(c: &mut Cluster) {
         "refused after {took:?}, not at timeoutSeconds (10 s)"
     );
     c.stop_webhook();
+    // KAI's podgrouper and binder patch every fraction pod after creation: with the UPDATE rules
+    // in the admission policy, those UPDATEs never wait on (or fail with) the webhook.
+    let start = Instant::now();
+    c.ok(
+        &[
+            "annotate",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "pod-group-name=pg-kai-memory",
+        ],
+        None,
+    );
+    c.ok(
+        &[
+            "label",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "runai-gpu-group=g-1",
+        ],
+        None,
+    );
+    println!(
+        "failurePolicy=Fail, webhook down: KAI pod UPDATEs (podgrouper annotation, binder label): admitted in {} ms",
+        start.elapsed().as_millis()
+    );
+    // And the rules still hold while it is down.
+    let out = c.kubectl(
+        &[
+            "annotate",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "hami.io/bind-phase=allocating",
+        ],
+        None,
+    );
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("hami.io/bind-phase"),
+        "{}",
+        text(&out.stderr)
+    );
     let kinds = |tag: &str| {
         vec![
             (
