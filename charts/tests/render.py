@@ -1182,7 +1182,8 @@ def check_admission_policies(rendered: dict[str, str], scenario: str, overrides:
     bindings = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
     on = scenario not in WITHOUT_VAP and overrides.get("admissionPolicy", {}).get("enabled", True)
     plugin = overrides.get("devicePlugin", {}).get("enabled", True)
-    wanted = {f"{PREFIX}-pod-annotations"} | ({f"{PREFIX}-device-plugin-node"} if plugin else set()) if on else set()
+    plugin_policies = [f"{PREFIX}-device-plugin-{kind}" for kind in ("pods", "node", "events")]
+    wanted = {f"{PREFIX}-pod-annotations"} | (set(plugin_policies) if plugin else set()) if on else set()
     expect(set(policies) == wanted, f"{scenario}: policies {sorted(policies)}, expected {sorted(wanted)}")
     expect(set(bindings) == wanted, f"{scenario}: bindings {sorted(bindings)}, expected {sorted(wanted)}")
     for name, b in bindings.items():
@@ -1206,14 +1207,17 @@ def check_admission_policies(rendered: dict[str, str], scenario: str, overrides:
             ("the default scheduler identity, no longer named", request("UPDATE", SCHEDULER), annotated(SCHEDULED), annotated({}), [f"only by {identities[0]}, {other} ("]),
         ]
     count = 0
-    for policy, table in ((pod_policy, cases), (policies.get(f"{PREFIX}-device-plugin-node"), NODE_POLICY_CASES if plugin else [])):
+    for group, table in (([pod_policy], cases), ([policies[n] for n in plugin_policies] if plugin else [], NODE_POLICY_CASES if plugin else [])):
         for what, req, new, old, expected in table:
-            got = policy_decision(policy, req, new, old)
+            # Every policy of the group decides; each request is matched by one of them.
+            decisions = [d for d in (policy_decision(p, req, new, old) for p in group) if d is not None]
+            expect(len(decisions) <= 1, f"{scenario}: {what}: matched by {len(decisions)} policies")
+            got = decisions[0] if decisions else None
             if expected is None or expected == []:
-                expect(got == expected, f"{scenario}: {policy['metadata']['name']}: {what}: {got}, expected {expected}")
+                expect(got == expected, f"{scenario}: {what}: {got}, expected {expected}")
             else:
                 expect(got is not None and len(got) == 1 and all(t in got[0] for t in expected),
-                       f"{scenario}: {policy['metadata']['name']}: {what}: {got}, expected one denial with {expected}")
+                       f"{scenario}: {what}: {got}, expected one denial with {expected}")
             count += 1
     return count
 
