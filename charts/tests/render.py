@@ -138,6 +138,12 @@ SCENARIOS: dict[str, dict] = {
     },
     "per-gpu-vram": {"webhook": {"kai": {"perGpuVramMib": 81920}}},
     "kai": {
+        "admissionPolicy": {
+            "schedulerIdentities": [
+                "system:serviceaccount:hami-system:hami-scheduler",
+                "system:serviceaccount:hami-limits:hami-limits-device-plugin",
+            ]
+        },
         "webhook": {
             "kai": {
                 "schedulerNames": ["kai-scheduler", "kai-scheduler-batch"],
@@ -145,7 +151,12 @@ SCENARIOS: dict[str, dict] = {
                 "preloadContainers": "all",
                 "limitDelivery": "env",
                 "missingBasis": "warn",
-            }
+            },
+            "tenancy": {
+                "allowHamiCoreEnvNamespaces": ["legacy-ml"],
+                "forbidEnvDeliveryNamespaces": ["tenant-a", "tenant-b"],
+                "kaiOptOutNamespaces": ["kai-debug"],
+            },
         }
     },
     "custom-names": {
@@ -275,6 +286,11 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("preloadContainers unknown", {"webhook": {"kai": {"preloadContainers": "first"}}}, "preloadContainers"),
     ("KAI limitDelivery in capitals", {"webhook": {"kai": {"limitDelivery": "Env"}}}, "limitDelivery"),
     ("missingBasis unknown", {"webhook": {"kai": {"missingBasis": "ignore"}}}, "missingBasis"),
+    ("tenancy namespace not a DNS label", {"webhook": {"tenancy": {"kaiOptOutNamespaces": ["ML_Team"]}}}, "kaiOptOutNamespaces"),
+    ("tenancy namespace list as a string", {"webhook": {"tenancy": {"allowHamiCoreEnvNamespaces": "ml"}}}, "allowHamiCoreEnvNamespaces"),
+    ("scheduler identity with a comma", {"admissionPolicy": {"schedulerIdentities": ["a,b"]}}, "schedulerIdentities"),
+    ("writers under webhook.tenancy (moved to admissionPolicy.schedulerIdentities)", {"webhook": {"tenancy": {"schedulerAnnotationWriters": ["a"]}}}, "schedulerAnnotationWriters"),
+    ("tenancy key spelt wrong", {"webhook": {"tenancy": {"kaiOptOutNamespace": []}}}, "kaiOptOutNamespace"),
     ("logFormat unknown", {"webhook": {"logFormat": "yaml"}}, "logFormat"),
     ("certDays zero", {"certs": {"certDays": 0}}, "certDays"),
     ("issuerRef kind unknown", {"certs": {"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}}, "kind"),
@@ -905,6 +921,7 @@ MATCH_CASES = [
     # The webhook strips HAMi's scheduler-owned annotations at creation, from any pod.
     ("scheduler annotation on a CPU pod", pod(annotations={"hami.io/bind-phase": "allocating"}), True),
     ("look-alike scheduler annotation", pod(annotations={"x.hami.io/bind-phase": "allocating", "hami.io/bind-phase-x": "1"}), False),
+    ("scheduler label on a CPU pod", {**pod(), "metadata": {"name": "p", "labels": {"hami.io/vgpu-node": "n1"}}}, True),
 ]
 
 CUSTOM_MATCH_CASES = [
@@ -1097,7 +1114,7 @@ def annotated(annotations: dict, node: str | None = None, labels: dict | None = 
 # must contain) for the pod annotation policy, with the default identities.
 POD_POLICY_CASES = [
     ("tenant sets bind-phase on a pending pod", request("UPDATE", TENANT), annotated({"hami.io/bind-phase": "allocating"}), annotated({}),
-     ["pod team-a/p: annotation hami.io/bind-phase may not be added, changed or removed by " + TENANT, SCHEDULER, "admissionPolicy.schedulerIdentities"]),
+     ["pod team-a/p: annotation hami.io/bind-phase may not be added, changed or removed by " + TENANT, "written only by system:serviceaccount:", "(admissionPolicy.schedulerIdentities)"]),
     ("tenant raises its own allocation", request("UPDATE", TENANT), annotated({**SCHEDULED, "hami.io/vgpu-devices-to-allocate": "GPU-aaa,NVIDIA,80000,100:;"}),
      annotated(SCHEDULED), ["annotation hami.io/vgpu-devices-to-allocate may not be added, changed or removed"]),
     ("tenant forges every scheduler annotation", request("UPDATE", TENANT), annotated(SCHEDULED), annotated({"team": "a"}),
@@ -1105,6 +1122,13 @@ POD_POLICY_CASES = [
     ("tenant removes vgpu-node", request("UPDATE", TENANT), annotated({k: v for k, v in SCHEDULED.items() if k != "hami.io/vgpu-node"}), annotated(SCHEDULED),
      ["annotation hami.io/vgpu-node may not be added, changed or removed"]),
     ("tenant labels a scheduled pod", request("UPDATE", TENANT), annotated(SCHEDULED, labels={"team": "a"}), annotated(SCHEDULED), None),
+    ("tenant sets the scheduler's label", request("UPDATE", TENANT), annotated({}, labels={"hami.io/vgpu-node": "n1"}), annotated({}),
+     ["pod team-a/p: label hami.io/vgpu-node may not be added, changed or removed by " + TENANT]),
+    ("tenant moves the label and an annotation", request("UPDATE", TENANT), annotated({**SCHEDULED, "hami.io/vgpu-node": "n2"}, labels={"hami.io/vgpu-node": "n2"}),
+     annotated(SCHEDULED, labels={"hami.io/vgpu-node": "n1"}), ["annotation hami.io/vgpu-node and label hami.io/vgpu-node may not"]),
+    ("tenant writes the MIG allocation", request("UPDATE", TENANT), annotated({"hami.io/vgpu-mig-allocations": "x"}), annotated({}), ["annotation hami.io/vgpu-mig-allocations"]),
+    ("HAMi's scheduler labels the pod it placed", request("UPDATE", SCHEDULER), annotated({}, labels={"hami.io/vgpu-node": "n1"}), annotated({}), []),
+    ("tenant creates a pod with the scheduler's label", request("CREATE", TENANT), annotated({}, labels={"hami.io/vgpu-node": "n1"}), None, ["label hami.io/vgpu-node may not be set when a pod is created"]),
     ("tenant adds its own annotation beside the scheduler's", request("UPDATE", TENANT), annotated({**SCHEDULED, "owner": "a"}), annotated(SCHEDULED), []),
     ("HAMi's scheduler places the pod", request("UPDATE", SCHEDULER), annotated(SCHEDULED), annotated({}), []),
     ("our device plugin erases the entry and sets success", request("UPDATE", PLUGIN, node="n1"),
@@ -1198,8 +1222,12 @@ def check_admission_policies(rendered: dict[str, str], scenario: str, overrides:
     if not on:
         return 0
     pod_policy = policies[f"{PREFIX}-pod-annotations"]
-    # Without the device plugin its ServiceAccount is nobody's: its cases do not apply.
-    cases = [c for c in POD_POLICY_CASES if plugin or c[1]["userInfo"]["username"] != PLUGIN]
+    # Without the device plugin its ServiceAccount is nobody's, and HAMi's default scheduler
+    # identity is nobody's where the operator named others: their cases do not apply.
+    cases = [
+        c for c in POD_POLICY_CASES
+        if (plugin or c[1]["userInfo"]["username"] != PLUGIN) and (SCHEDULER in identities or c[1]["userInfo"]["username"] != SCHEDULER)
+    ]
     if scenario == "scheduler-identities":
         other = identities[1]
         cases = [

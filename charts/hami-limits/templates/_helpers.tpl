@@ -375,7 +375,9 @@ empties its vgpu-devices-to-allocate entry). Read by the policy and by the webho
 {{- end -}}
 
 {{/* HAMi's scheduler-owned pod annotations (HAMi v2.10: the scheduler writes them, the device
-plugin's Allocate reads them and trusts them). */}}
+plugin's Allocate reads them and trusts them; the webhook's list, hami_shared::names::
+SCHEDULER_OWNED_ANNOTATIONS), and its pod label. */}}
 {{- define "hami-limits.schedulerAnnotations" -}}
-["hami.io/vgpu-node","hami.io/vgpu-devices-to-allocate","hami.io/vgpu-devices-allocated","hami.io/bind-phase","hami.io/bind-time","hami.io/vgpu-time"]
+["hami.io/vgpu-node","hami.io/vgpu-devices-to-allocate","hami.io/vgpu-devices-allocated","hami.io/bind-phase","hami.io/bind-time","hami.io/vgpu-time","hami.io/vgpu-mig-allocations"]
 {{- end -}}
+{{- define "hami-limits.schedulerLabel" -}}hami.io/vgpu-node{{- end -}}
