@@ -1521,6 +1521,23 @@ fn tenant_routes_refused_by_the_admission_policies(c: &mut Cluster) {
     whole["metadata"]["annotations"]["hami.io/bind-phase"] = json!("allocating");
     let out = as_tenant(c, &["replace", "-f", "-"], Some(&whole.to_string()));
     refused_by_policy(&out, &["annotation hami.io/bind-phase may not be added"]);
+    // The scheduler's label too.
+    let out = as_tenant(
+        c,
+        &[
+            "label",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            &format!("hami.io/vgpu-node={DP_NODE}"),
+        ],
+        None,
+    );
+    refused_by_policy(
+        &out,
+        &["pod tenant/bob-pending: label hami.io/vgpu-node may not be added, changed or removed"],
+    );
     // The delivery mode and the limits files are fixed after creation.
     let out = as_tenant(
         c,
