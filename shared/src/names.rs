@@ -323,8 +323,12 @@ pub const LIBHAMI_PRELOAD_SO: &str = "libhami_preload.so";
 pub const LD_SO_PRELOAD_FILE: &str = "ld.so.preload";
 /// Container path of the preload list.
 pub const LD_SO_PRELOAD_PATH: &str = "/etc/ld.so.preload";
-/// Lock directory shared with HAMi-core.
+/// Lock directory shared with HAMi-core (compiled into it; host-wide: every HAMi-core container
+/// of the node binds the host's).
 pub const VGPU_LOCK_PATH: &str = "/tmp/vgpulock";
+/// The file in [`VGPU_LOCK_PATH`] that HAMi-core (`utils.c` `try_lock_unified_lock`, called
+/// before 2026-02) opens `O_CREAT|O_RDWR` and `flock`s; the plugin pre-creates it.
+pub const VGPU_LOCK_FILE: &str = "lock";
 /// HAMi-core's fallback shared cache (a process with no environment ends up here today).
 pub const DEFAULT_SHARED_CACHE_PATH: &str = "/tmp/cudevshr.cache";
 /// Kubelet device plugin directory.
