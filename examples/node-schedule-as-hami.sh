@@ -4,7 +4,8 @@
 # the pod's annotations (vgpu-node, vgpu-time, devices to allocate and allocated, bind-phase
 # allocating, bind-time), then the Binding. The real kubelet then calls the device plugin's
 # Allocate and starts the container. The pod's annotations are written as HAMi's scheduler
-# ServiceAccount (impersonated): only the users of webhook.tenancy.schedulerAnnotationWriters may.
+# ServiceAccount (impersonated): only the chart's
+# admissionPolicy.schedulerIdentities (and its device plugin) may.
 #
 #   examples/node-schedule-as-hami.sh NAMESPACE POD [MIB] [CORES] [GPU-UUID]
 set -euo pipefail

@@ -85,6 +85,27 @@ OVERRIDES: dict = {
     },
 }
 
+# What a Kubernetes 1.30+ API server's discovery tells Helm (`helm install` asks the cluster;
+# `helm template` takes --api-versions): ValidatingAdmissionPolicy is served.
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+# Scenarios rendered as against an API server without it (Kubernetes 1.29): (api versions, kube
+# version). Every other scenario is rendered with VAP_API.
+WITHOUT_VAP = {"no-vap-api": ([], "v1.29.9")}
+
+
+def render(chart: "helm.Chart", overrides: dict, api_versions: list[str] | None = None, kube_version: str | None = None) -> dict[str, str]:
+    """`helm install --dry-run` with the capabilities of a cluster: the extra API versions (kinds
+    included, as Helm's discovery lists them) and the Kubernetes version. helm-python-sdk's
+    render() has no such options; its native call takes them."""
+    from helm_python import _native
+
+    opts: dict = {"name": RELEASE, "namespace": NAMESPACE, "is_install": True}
+    opts["api_versions"] = [VAP_API] if api_versions is None else api_versions
+    if kube_version:
+        opts["kube_version"] = kube_version
+    return json.loads(_native.call_string("helm_render", chart._raw(), json.dumps(overrides), json.dumps(opts)))
+
+
 # Scenario name -> values overrides (merged over the chart defaults by Helm).
 SCENARIOS: dict[str, dict] = {
     "default": {},
@@ -117,6 +138,12 @@ SCENARIOS: dict[str, dict] = {
     },
     "per-gpu-vram": {"webhook": {"kai": {"perGpuVramMib": 81920}}},
     "kai": {
+        "admissionPolicy": {
+            "schedulerIdentities": [
+                "system:serviceaccount:hami-system:hami-scheduler",
+                "system:serviceaccount:hami-limits:hami-limits-device-plugin",
+            ]
+        },
         "webhook": {
             "kai": {
                 "schedulerNames": ["kai-scheduler", "kai-scheduler-batch"],
@@ -126,10 +153,6 @@ SCENARIOS: dict[str, dict] = {
                 "missingBasis": "warn",
             },
             "tenancy": {
-                "schedulerAnnotationWriters": [
-                    "system:serviceaccount:hami-system:hami-scheduler",
-                    "system:serviceaccount:hami-limits:hami-limits-device-plugin",
-                ],
                 "allowHamiCoreEnvNamespaces": ["legacy-ml"],
                 "forbidEnvDeliveryNamespaces": ["tenant-a", "tenant-b"],
                 "kaiOptOutNamespaces": ["kai-debug"],
@@ -233,6 +256,15 @@ SCENARIOS: dict[str, dict] = {
     "existing-device-config": {"deviceConfig": {"existingConfigMap": "hami-scheduler-device", "key": "device-config.yaml"}},
     # Every per-workload override a policy engine or a private registry asks for, on every workload.
     "overrides": OVERRIDES,
+    # Kubernetes without ValidatingAdmissionPolicy (before 1.30): the webhook's UPDATE entry instead.
+    "no-vap-api": {},
+    # The policies turned off on a cluster that serves them: the webhook's UPDATE entry too.
+    "admission-policy-off": {"admissionPolicy": {"enabled": False}},
+    # More scheduler identities (HAMi's own device plugin beside ours); no device plugin of ours.
+    "scheduler-identities": {
+        "admissionPolicy": {"schedulerIdentities": ["system:serviceaccount:hami:hami-scheduler", "system:serviceaccount:hami:hami-device-plugin"]},
+        "devicePlugin": {"enabled": False},
+    },
 }
 
 # Values the schema must refuse: (description, overrides, text the error must contain).
@@ -263,7 +295,8 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("missingBasis unknown", {"webhook": {"kai": {"missingBasis": "ignore"}}}, "missingBasis"),
     ("tenancy namespace not a DNS label", {"webhook": {"tenancy": {"kaiOptOutNamespaces": ["ML_Team"]}}}, "kaiOptOutNamespaces"),
     ("tenancy namespace list as a string", {"webhook": {"tenancy": {"allowHamiCoreEnvNamespaces": "ml"}}}, "allowHamiCoreEnvNamespaces"),
-    ("tenancy writer with a comma", {"webhook": {"tenancy": {"schedulerAnnotationWriters": ["a,b"]}}}, "schedulerAnnotationWriters"),
+    ("scheduler identity with a comma", {"admissionPolicy": {"schedulerIdentities": ["a,b"]}}, "schedulerIdentities"),
+    ("writers under webhook.tenancy (moved to admissionPolicy.schedulerIdentities)", {"webhook": {"tenancy": {"schedulerAnnotationWriters": ["a"]}}}, "schedulerAnnotationWriters"),
     ("tenancy key spelt wrong", {"webhook": {"tenancy": {"kaiOptOutNamespace": []}}}, "kaiOptOutNamespace"),
     ("logFormat unknown", {"webhook": {"logFormat": "yaml"}}, "logFormat"),
     ("certDays zero", {"certs": {"certDays": 0}}, "certDays"),
@@ -317,6 +350,12 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("monitor unknown key", {"devicePlugin": {"monitor": {"ctrpath": "/usr/local/vgpu/containers"}}}, "ctrpath"),
     ("existingConfigMap not a DNS name", {"deviceConfig": {"existingConfigMap": "HAMi_Device"}}, "existingConfigMap"),
     ("deviceConfig key with a slash", {"deviceConfig": {"key": "a/b.yaml"}}, "key"),
+    ("admissionPolicy.enabled as a string", {"admissionPolicy": {"enabled": "false"}}, "enabled"),
+    ("scheduler identity with a quote", {"admissionPolicy": {"schedulerIdentities": ['system:serviceaccount:a:b", "x']}}, "schedulerIdentities"),
+    ("scheduler identity with a space", {"admissionPolicy": {"schedulerIdentities": ["system:serviceaccount:a:b x"]}}, "schedulerIdentities"),
+    ("scheduler identity empty", {"admissionPolicy": {"schedulerIdentities": [""]}}, "schedulerIdentities"),
+    ("scheduler identities not a list", {"admissionPolicy": {"schedulerIdentities": "system:serviceaccount:kube-system:hami-scheduler"}}, "schedulerIdentities"),
+    ("typo in an admissionPolicy key", {"admissionPolicy": {"schedulerIdentity": []}}, "schedulerIdentity"),
     ("inventory minor of /dev/nvidiactl", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 1, "minor": 255}]}}, "minor"),
     ("inventory memory beyond 16 TiB", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 16777217}]}}, "memoryMib"),
     ("migStrategy unknown", {"devicePlugin": {"migStrategy": "all"}}, "migStrategy"),
@@ -402,11 +441,6 @@ CRON_REJECTED = [
 # Values the schema accepts but the templates refuse (relations between values): (what, overrides,
 # text the error must contain).
 TEMPLATE_REJECTS: list[tuple[str, dict, str]] = [
-    (
-        "the vGPU monitor and the plugin on one port",
-        {"devicePlugin": {"metricsPort": 9394}},
-        "devicePlugin.monitor.port (9394) and devicePlugin.metricsPort (9394) are both ports of the device plugin pod",
-    ),
     ("certDays inside the renewal window", {"certs": {"certDays": 30}}, "certs.certDays (30) must be greater"),
     ("caDays inside the renewal window", {"certs": {"caDays": 20, "renewBeforeDays": 25, "certDays": 40}}, "certs.caDays (20)"),
     (
@@ -501,7 +535,7 @@ def lint() -> None:
 def render_all(chart: "helm.Chart", out: Path) -> None:
     for name, overrides in SCENARIOS.items():
         chart.validate_schema(overrides)
-        rendered = chart.render(overrides, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        rendered = render(chart, overrides, *WITHOUT_VAP.get(name, (None, None)))
         target = out / name
         target.mkdir(parents=True, exist_ok=True)
         count = 0
@@ -511,6 +545,7 @@ def render_all(chart: "helm.Chart", out: Path) -> None:
             (target / Path(template).name).write_text(text)
             count += 1
         cel_cases = check_match_conditions(rendered, name)
+        cel_cases += check_admission_policies(rendered, name, overrides)
         check_ca_bundle_never_rendered(rendered, name)
         check_metrics_services(rendered, name, overrides)
         if name == "overrides":
@@ -518,6 +553,10 @@ def render_all(chart: "helm.Chart", out: Path) -> None:
         notes = next((t for k, t in rendered.items() if k.endswith("NOTES.txt")), "")
         if "/overrideEnv" not in notes:
             raise Failure(f"render ({name}): NOTES.txt does not explain the /overrideEnv check")
+        # Never silently without the policies: NOTES says what is lost.
+        policies = [o for o in manifests(rendered) if o["kind"] == "ValidatingAdmissionPolicy"]
+        if ("WARNING: no ValidatingAdmissionPolicy installed" in notes) == bool(policies):
+            raise Failure(f"render ({name}): NOTES.txt and the rendered policies disagree ({len(policies)} policies)")
         (target / "values.json").write_text(json.dumps(chart.merge_values(overrides), indent=1))
         cel = f", matchConditions right for {cel_cases} pods" if cel_cases else ""
         print(f"render: {name}: {count} template files{cel}")
@@ -541,6 +580,9 @@ def check_metrics_services(rendered: dict[str, str], scenario: str, overrides: d
             expect(svc["spec"].get("clusterIP") == "None", f"{scenario}: the plugin's metrics Service is not headless")
         if enabled and values.get("serviceMonitor", {}).get("enabled"):
             wanted.add(f"{PREFIX}-{component}")
+            # HAMi's vGPU monitor, a DaemonSet of its own, is scraped beside the plugin.
+            if section == "devicePlugin" and values.get("monitor", {}).get("enabled", True):
+                wanted.add(f"{PREFIX}-vgpu-monitor")
     expect(set(monitors) == wanted, f"{scenario}: ServiceMonitors {sorted(monitors)}, expected {sorted(wanted)}")
     for name, sm in monitors.items():
         expect(sm["apiVersion"] == "monitoring.coreos.com/v1", f"{name}: apiVersion")
@@ -549,9 +591,7 @@ def check_metrics_services(rendered: dict[str, str], scenario: str, overrides: d
         chosen = [s for s in services if selector.items() <= s["metadata"]["labels"].items()]
         expect(len(chosen) == 1, f"{scenario}: ServiceMonitor {name} selects {[s['metadata']['name'] for s in chosen]}")
         svc = chosen[0]
-        # The device plugin's pod also runs HAMi's vGPU monitor (port `monitor`) unless disabled.
-        monitor_on = name.endswith("device-plugin") and overrides.get("devicePlugin", {}).get("monitor", {}).get("enabled", True)
-        expected_ports = ["metrics", "monitor"] if monitor_on else ["metrics"]
+        expected_ports = ["monitor"] if name.endswith("vgpu-monitor") else ["metrics"]
         endpoints = sm["spec"]["endpoints"]
         expect([e["port"] for e in endpoints] == expected_ports, f"{name}: endpoints {endpoints}, expected ports {expected_ports}")
         pods = [t for _, t in templates if svc["spec"]["selector"].items() <= t["metadata"]["labels"].items()]
@@ -586,21 +626,24 @@ def check_overrides(rendered: dict[str, str]) -> None:
         "device-plugin": OVERRIDES["devicePlugin"],
         "hook-installer": OVERRIDES["hookInstaller"],
         "certgen": OVERRIDES["certs"]["certgen"],
+        # HAMi's vGPU monitor, in a DaemonSet of its own, takes the device plugin's pod overrides.
+        "vgpu-monitor": OVERRIDES["devicePlugin"],
     }
+    owners = {"vgpu-monitor": "device-plugin"}
     # Which container of each workload takes extraArgs / extraEnv.
-    extra_targets = {"webhook": {"webhook"}, "device-plugin": {"device-plugin"}, "hook-installer": {"install-hook"}, "certgen": {"create", "patch"}}
+    extra_targets = {"webhook": {"webhook"}, "device-plugin": {"device-plugin"}, "hook-installer": {"install-hook"}, "certgen": {"create", "patch"}, "vgpu-monitor": set()}
     seen = set()
     templates = pod_templates(objs)
-    expect(len(templates) == 6, f"overrides: {len(templates)} workloads: {[o for o, _ in templates]}")
+    expect(len(templates) == 7, f"overrides: {len(templates)} workloads: {[o for o, _ in templates]}")
     for owner, template in templates:
         labels = template["metadata"]["labels"]
         component = labels["app.kubernetes.io/component"]
         expect(component in sections, f"{owner}: component {component!r}: podLabels overrode a selector label")
         seen.add(component)
         v = sections[component]
-        expect(labels["team.example.com/owner"] == component, f"{owner}: podLabels {labels}")
+        expect(labels["team.example.com/owner"] == owners.get(component, component), f"{owner}: podLabels {labels}")
         ann = template["metadata"].get("annotations", {})
-        expect(ann.get("policy.example.com/owner") == component, f"{owner}: podAnnotations {ann}")
+        expect(ann.get("policy.example.com/owner") == owners.get(component, component), f"{owner}: podAnnotations {ann}")
         if component in ("webhook", "device-plugin"):
             expect(re.fullmatch(r"[0-9a-f]{64}", ann["checksum/config"]) is not None, f"{owner}: the chart's checksum lost to podAnnotations")
         spec = template["spec"]
@@ -637,13 +680,13 @@ def check_overrides(rendered: dict[str, str]) -> None:
     dp = monitors[f"{PREFIX}-device-plugin"]
     expect(dp["metadata"]["labels"]["release"] == "kube-prometheus-stack", f"device plugin ServiceMonitor labels {dp['metadata']['labels']}")
     expect(dp["metadata"]["labels"]["app.kubernetes.io/component"] == "device-plugin", "ServiceMonitor lost the chart's labels")
-    for ep in dp["spec"]["endpoints"]:  # the plugin's and the vGPU monitor's, alike
+    for ep in dp["spec"]["endpoints"] + monitors[f"{PREFIX}-vgpu-monitor"]["spec"]["endpoints"]:  # the plugin's and the vGPU monitor's, alike
         expect(ep["interval"] == "1m" and ep["scrapeTimeout"] == "10s" and ep["honorLabels"] is False, f"device plugin endpoint {ep}")
         expect(ep["relabelings"] == OVERRIDES["devicePlugin"]["serviceMonitor"]["relabelings"], f"relabelings {ep.get('relabelings')}")
     [ep] = monitors[f"{PREFIX}-webhook"]["spec"]["endpoints"]
     expect("scrapeTimeout" not in ep and ep["interval"] == "30s", f"webhook endpoint {ep}: empty scrapeTimeout must leave Prometheus' default")
     expect(ep["metricRelabelings"] == [{"regex": "go_.*", "action": "labeldrop"}] and "relabelings" not in ep, f"webhook endpoint {ep}")
-    print(f"overrides: {len(templates)} workloads carry their labels, annotations, security overlays, extra args/env, mirror images; 2 ServiceMonitors")
+    print(f"overrides: {len(templates)} workloads carry their labels, annotations, security overlays, extra args/env, mirror images; 3 ServiceMonitors")
 
 
 def check_overlay_semantics(chart: "helm.Chart") -> None:
@@ -885,6 +928,10 @@ MATCH_CASES = [
     ("KAI gpu-memory", pod(annotations={"gpu-memory": "4000"}), True),
     ("KAI gpu-fraction", pod(annotations={"gpu-fraction": "0.5"}), True),
     ("limit-delivery annotation on a CPU pod", pod(annotations={"hami.io/limit-delivery": "FILE"}), True),
+    # The webhook strips HAMi's scheduler-owned annotations at creation, from any pod.
+    ("scheduler annotation on a CPU pod", pod(annotations={"hami.io/bind-phase": "allocating"}), True),
+    ("look-alike scheduler annotation", pod(annotations={"x.hami.io/bind-phase": "allocating", "hami.io/bind-phase-x": "1"}), False),
+    ("scheduler label on a CPU pod", {**pod(), "metadata": {"name": "p", "labels": {"hami.io/vgpu-node": "n1"}}}, True),
 ]
 
 CUSTOM_MATCH_CASES = [
@@ -912,6 +959,8 @@ UPDATE_MATCH_CASES = [
     ("KAI request removed", pod(annotations={"gpu-memory": "4000"}), pod(annotations={}), True),
     ("limit-delivery added", pod(), pod(annotations={"hami.io/limit-delivery": "FILE"}), True),
     ("look-alike key", pod(), pod(annotations={"x.limits.hami.io/c": "1", "limits.hami.io.x/c": "1"}), False),
+    ("scheduler annotation added", pod(), pod(annotations={"hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,80000,100:;"}), True),
+    ("scheduler annotation removed", pod(annotations={"hami.io/vgpu-node": "n1"}), pod(), True),
 ]
 
 
@@ -923,10 +972,19 @@ def check_match_conditions(rendered: dict[str, str], scenario: str) -> int:
         return 0
     config = helm.values_from_yaml(text)
     hooks = config["webhooks"]
-    if len(hooks) != 2:
-        raise Failure(f"matchConditions ({scenario}): {len(hooks)} webhooks, expected CREATE and UPDATE")
+    policies = [o for o in manifests(rendered) if o["kind"] == "ValidatingAdmissionPolicy"]
+    # The UPDATE entry exactly where no policy holds the UPDATE rules.
+    expected = ["mutate.hami-limits.hami.io"] + ([] if policies else ["update.hami-limits.hami.io"])
+    if [h["name"] for h in hooks] != expected:
+        raise Failure(f"matchConditions ({scenario}): webhooks {[h['name'] for h in hooks]}, expected {expected}")
+    for h in hooks:
+        if "objectSelector" in h:
+            raise Failure(f"{scenario}: {h['name']} has an objectSelector: a pod's own labels would choose whether it is reviewed")
     conditions = hooks[0].get("matchConditions")
-    update_conditions = hooks[1].get("matchConditions")
+    if len(hooks) == 1:
+        update_conditions = conditions if conditions else None
+    else:
+        update_conditions = hooks[1].get("matchConditions")
     if not conditions or not update_conditions:
         if conditions or update_conditions:
             raise Failure(f"matchConditions ({scenario}): on one webhook only")
@@ -943,6 +1001,8 @@ def check_match_conditions(rendered: dict[str, str], scenario: str) -> int:
         sent = all(bool(p.evaluate({"object": celpy.json_to_cel(candidate)})) for _, p in programs)
         if sent != expected:
             raise Failure(f"matchConditions ({scenario}): {what}: sent={sent}, expected {expected}")
+    if len(hooks) == 1:
+        return len(cases)
     update_programs = compiled(update_conditions)
     for what, old, new, expected in UPDATE_MATCH_CASES:
         activation = {"object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old)}
@@ -950,6 +1010,254 @@ def check_match_conditions(rendered: dict[str, str], scenario: str) -> int:
         if sent != expected:
             raise Failure(f"UPDATE matchConditions ({scenario}): {what}: sent={sent}, expected {expected}")
     return len(cases) + len(UPDATE_MATCH_CASES)
+
+
+TENANT = "system:serviceaccount:team-a:bob"
+SCHEDULER = "system:serviceaccount:kube-system:hami-scheduler"
+PLUGIN = f"system:serviceaccount:{NAMESPACE}:{PREFIX}-device-plugin"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+DEVICES = "GPU-aaa,NVIDIA,3000,50:;"
+SCHEDULED = {
+    "hami.io/vgpu-node": "n1",
+    "hami.io/vgpu-time": "1765000000",
+    "hami.io/vgpu-devices-to-allocate": DEVICES,
+    "hami.io/vgpu-devices-allocated": DEVICES,
+    "hami.io/bind-phase": "allocating",
+    "hami.io/bind-time": "1765000000",
+}
+
+
+def request(operation: str, user: str, resource: str = "pods", group: str = "", node: str | None = None, namespace: str | None = "team-a") -> dict:
+    """An AdmissionRequest as the API server hands it to CEL (omitempty fields absent)."""
+    user_info: dict = {"username": user, "groups": ["system:authenticated"]}
+    if node is not None:
+        user_info["extra"] = {NODE_CLAIM: [node], "authentication.kubernetes.io/pod-name": ["dp-x"]}
+    r = {"operation": operation, "userInfo": user_info, "resource": {"group": group, "version": "v1", "resource": resource}}
+    if namespace:
+        r["namespace"] = namespace
+    return r
+
+
+def on_node(p: dict, node: str | None) -> dict:
+    p = copy.deepcopy(p)
+    if node:
+        p["spec"]["nodeName"] = node
+    return p
+
+
+def node_object(name: str, annotations: dict | None = None, labels: dict | None = None) -> dict:
+    meta: dict = {"name": name, "labels": labels or {"gpu": "on"}}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": {"podCIDR": "10.0.0.0/24"}}
+
+
+def event(instance: str, regarding_kind: str, regarding_name: str) -> dict:
+    return {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event",
+        "metadata": {"name": "e1", "namespace": "team-a"},
+        "reportingController": "hami-device-plugin", "reportingInstance": instance,
+        "regarding": {"kind": regarding_kind, "name": regarding_name}, "reason": "x", "type": "Warning", "action": "Allocate",
+    }
+
+
+def cel_join(items, sep):
+    return celpy.celtypes.StringType(str(sep).join(str(i) for i in items))
+
+
+def policy_decision(policy: dict, req: dict, new: dict, old: dict | None) -> list[str] | None:
+    """What kube-apiserver decides for one request: None when the policy does not match
+    (matchConstraints' operations and resources, then every matchCondition), else the messages of
+    the failed validations ([] = allowed). Variables are evaluated in order, as CEL sees them."""
+    spec = policy["spec"]
+    resource = req["resource"]
+    if not any(
+        req["operation"] in r["operations"] and resource["resource"] in r["resources"] and resource["group"] in r["apiGroups"]
+        for r in spec["matchConstraints"]["resourceRules"]
+    ):
+        return None
+    excluded = [v for e in spec["matchConstraints"].get("namespaceSelector", {}).get("matchExpressions", []) if e["operator"] == "NotIn" for v in e["values"]]
+    if req.get("namespace") in excluded:
+        return None
+    env = celpy.Environment()
+    activation = {
+        "request": celpy.json_to_cel(req),
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+    }
+
+    def run(expression: str):
+        return env.program(env.compile(expression), functions={"join": cel_join}).evaluate(activation)
+
+    for c in spec.get("matchConditions", []):
+        if not bool(run(c["expression"])):
+            return None
+    variables: dict = {}
+    for v in spec.get("variables", []):
+        activation["variables"] = celpy.celtypes.MapType(variables)
+        value = run(v["expression"])
+        if isinstance(value, celpy.CELEvalError):
+            raise Failure(f"{policy['metadata']['name']}: variable {v['name']} fails: {value}")
+        variables[celpy.celtypes.StringType(v["name"])] = value
+    activation["variables"] = celpy.celtypes.MapType(variables)
+    messages = []
+    for v in spec["validations"]:
+        ok = run(v["expression"])
+        if isinstance(ok, celpy.CELEvalError):
+            raise Failure(f"{policy['metadata']['name']}: {v['expression']} fails: {ok}")
+        if not bool(ok):
+            message = run(v["messageExpression"]) if "messageExpression" in v else v["message"]
+            if isinstance(message, celpy.CELEvalError):
+                raise Failure(f"{policy['metadata']['name']}: messageExpression fails: {message}")
+            messages.append(str(message))
+    return messages
+
+
+def annotated(annotations: dict, node: str | None = None, labels: dict | None = None) -> dict:
+    p = on_node(pod(annotations=annotations, containers=[ctr(limits={"nvidia.com/gpu": "1"})]), node)
+    if labels:
+        p["metadata"]["labels"] = labels
+    return p
+
+
+# (what, request, new object, old object, None (not matched) | [] (allowed) | texts the one denial
+# must contain) for the pod annotation policy, with the default identities.
+POD_POLICY_CASES = [
+    ("tenant sets bind-phase on a pending pod", request("UPDATE", TENANT), annotated({"hami.io/bind-phase": "allocating"}), annotated({}),
+     ["pod team-a/p: annotation hami.io/bind-phase may not be added, changed or removed by " + TENANT, "written only by system:serviceaccount:", "(admissionPolicy.schedulerIdentities)"]),
+    ("tenant raises its own allocation", request("UPDATE", TENANT), annotated({**SCHEDULED, "hami.io/vgpu-devices-to-allocate": "GPU-aaa,NVIDIA,80000,100:;"}),
+     annotated(SCHEDULED), ["annotation hami.io/vgpu-devices-to-allocate may not be added, changed or removed"]),
+    ("tenant forges every scheduler annotation", request("UPDATE", TENANT), annotated(SCHEDULED), annotated({"team": "a"}),
+     ["annotation hami.io/vgpu-node, hami.io/vgpu-devices-to-allocate, hami.io/vgpu-devices-allocated, hami.io/bind-phase, hami.io/bind-time, hami.io/vgpu-time may not"]),
+    ("tenant removes vgpu-node", request("UPDATE", TENANT), annotated({k: v for k, v in SCHEDULED.items() if k != "hami.io/vgpu-node"}), annotated(SCHEDULED),
+     ["annotation hami.io/vgpu-node may not be added, changed or removed"]),
+    ("tenant labels a scheduled pod", request("UPDATE", TENANT), annotated(SCHEDULED, labels={"team": "a"}), annotated(SCHEDULED), None),
+    ("tenant sets the scheduler's label", request("UPDATE", TENANT), annotated({}, labels={"hami.io/vgpu-node": "n1"}), annotated({}),
+     ["pod team-a/p: label hami.io/vgpu-node may not be added, changed or removed by " + TENANT]),
+    ("tenant moves the label and an annotation", request("UPDATE", TENANT), annotated({**SCHEDULED, "hami.io/vgpu-node": "n2"}, labels={"hami.io/vgpu-node": "n2"}),
+     annotated(SCHEDULED, labels={"hami.io/vgpu-node": "n1"}), ["annotation hami.io/vgpu-node and label hami.io/vgpu-node may not"]),
+    ("tenant writes the MIG allocation", request("UPDATE", TENANT), annotated({"hami.io/vgpu-mig-allocations": "x"}), annotated({}), ["annotation hami.io/vgpu-mig-allocations"]),
+    ("HAMi's scheduler labels the pod it placed", request("UPDATE", SCHEDULER), annotated({}, labels={"hami.io/vgpu-node": "n1"}), annotated({}), []),
+    ("tenant creates a pod with the scheduler's label", request("CREATE", TENANT), annotated({}, labels={"hami.io/vgpu-node": "n1"}), None, ["label hami.io/vgpu-node may not be set when a pod is created"]),
+    ("tenant adds its own annotation beside the scheduler's", request("UPDATE", TENANT), annotated({**SCHEDULED, "owner": "a"}), annotated(SCHEDULED), []),
+    ("HAMi's scheduler places the pod", request("UPDATE", SCHEDULER), annotated(SCHEDULED), annotated({}), []),
+    ("our device plugin erases the entry and sets success", request("UPDATE", PLUGIN, node="n1"),
+     annotated({**SCHEDULED, "hami.io/vgpu-devices-to-allocate": ";", "hami.io/bind-phase": "success"}), annotated(SCHEDULED), []),
+    ("tenant creates a pod with forged scheduler annotations", request("CREATE", TENANT), annotated({"hami.io/bind-phase": "allocating", "hami.io/vgpu-node": "n1"}, node="n1"), None,
+     ["pod team-a/p: annotation hami.io/vgpu-node, hami.io/bind-phase may not be set when a pod is created", "remove it from the pod"]),
+    ("a controller creates a pod named by generateName", request("CREATE", "system:serviceaccount:kube-system:replicaset-controller"),
+     {**annotated({"hami.io/bind-time": "1"}), "metadata": {"generateName": "train-", "annotations": {"hami.io/bind-time": "1"}}}, None,
+     ["pod team-a/train-<generated>: annotation hami.io/bind-time may not be set when a pod is created"]),
+    ("tenant creates a plain GPU pod", request("CREATE", TENANT), annotated({"gpu-memory": "3000"}), None, None),
+    ("look-alike keys at creation", request("CREATE", TENANT), annotated({"x.hami.io/bind-phase": "allocating", "hami.io/bind-phase-x": "1"}), None, None),
+    ("a pod in kube-system", request("CREATE", TENANT, namespace="kube-system"), annotated(SCHEDULED), None, None),
+    ("limits file raised", request("UPDATE", TENANT), annotated({**MUTATED, "limits.hami.io/c": "CUDA_DEVICE_MEMORY_LIMIT=999999m\n"}), annotated(MUTATED),
+     ["pod team-a/p: this update adds, changes or removes limits.hami.io/c", "create a new pod instead"]),
+    ("limits file removed", request("UPDATE", TENANT), annotated({"gpu-fraction": "0.5"}), annotated(MUTATED), ["removes limits.hami.io/c"]),
+    ("limits file added", request("UPDATE", TENANT), annotated({"limits.hami.io/c": LIMITS_FILE}), annotated({}), ["removes limits.hami.io/c"]),
+    ("limits file changed by the scheduler's identity", request("UPDATE", SCHEDULER), annotated({**MUTATED, "limits.hami.io/c": "x"}), annotated(MUTATED),
+     ["limits.hami.io/c"]),
+    ("look-alike limits keys", request("UPDATE", TENANT), annotated({"x.limits.hami.io/c": "1", "limits.hami.io.x/c": "1"}), annotated({}), []),
+    ("limit-delivery added after creation", request("UPDATE", TENANT), annotated({"hami.io/limit-delivery": "env"}), annotated({}),
+     ['pod team-a/p: annotation hami.io/limit-delivery="env": the delivery mode is chosen when the pod is created (one of: env, file)']),
+    ("limit-delivery changed", request("UPDATE", TENANT), annotated({"hami.io/limit-delivery": "env"}), annotated({"hami.io/limit-delivery": "file"}), ['"env"']),
+    ("limit-delivery invalid", request("UPDATE", TENANT), annotated({"hami.io/limit-delivery": "FILE"}), annotated({"hami.io/limit-delivery": "file"}),
+     ['"FILE"', "one of: env, file"]),
+    ("limit-delivery removed", request("UPDATE", TENANT), annotated({}), annotated({"hami.io/limit-delivery": "file"}),
+     ["pod team-a/p: annotation hami.io/limit-delivery: the delivery mode"]),
+    ("limit-delivery kept while another annotation changes", request("UPDATE", TENANT), annotated({"hami.io/limit-delivery": "Env", "x": "1"}),
+     annotated({"hami.io/limit-delivery": "Env"}), []),
+]
+
+# The same for the device plugin's node policy: (what, request, new, old, expected).
+NODE_POLICY_CASES = [
+    ("plugin sets bind-phase of a pod on its node", request("UPDATE", PLUGIN, node="n1"), annotated({**SCHEDULED, "hami.io/bind-phase": "success"}, "n1"),
+     annotated(SCHEDULED, "n1"), []),
+    ("plugin patches a pod on another node", request("UPDATE", PLUGIN, node="n1"), annotated({**SCHEDULED, "hami.io/bind-phase": "success"}, "n2"),
+     annotated(SCHEDULED, "n2"), ["the device plugin of node n1 may patch only pods bound to its node: pod team-a/p is on node n2"]),
+    ("plugin patches a pending pod", request("UPDATE", PLUGIN, node="n1"), annotated({"hami.io/bind-phase": "failed"}), annotated({}),
+     ["pod team-a/p is on no node"]),
+    ("plugin relabels a pod of its node", request("UPDATE", PLUGIN, node="n1"), annotated(SCHEDULED, "n1", labels={"x": "y"}), annotated(SCHEDULED, "n1"),
+     ["may change only hami.io/* annotations of pod team-a/p"]),
+    ("plugin writes a limits file annotation", request("UPDATE", PLUGIN, node="n1"), annotated({**SCHEDULED, "limits.hami.io/c": "x"}, "n1"),
+     annotated(SCHEDULED, "n1"), ["may change only hami.io/* annotations"]),
+    ("plugin removes a tenant annotation", request("UPDATE", PLUGIN, node="n1"), annotated(SCHEDULED, "n1"), annotated({**SCHEDULED, "owner": "a"}, "n1"),
+     ["may change only hami.io/* annotations"]),
+    ("plugin changes a pod's spec", request("UPDATE", PLUGIN, node="n1"),
+     {**annotated(SCHEDULED, "n1"), "spec": {**annotated(SCHEDULED, "n1")["spec"], "activeDeadlineSeconds": 1}}, annotated(SCHEDULED, "n1"),
+     ["may change only hami.io/* annotations"]),
+    ("plugin without a node claim", request("UPDATE", PLUGIN), annotated(SCHEDULED, "n1"), annotated({}, "n1"),
+     [f"{PLUGIN} presented no node-name claim ({NODE_CLAIM})", "pod team-a/p"]),
+    ("plugin in kube-system too", request("UPDATE", PLUGIN, node="n1", namespace="kube-system"), annotated({"hami.io/bind-phase": "x"}, "n2"),
+     annotated({}, "n2"), ["pod kube-system/p is on node n2"]),
+    ("plugin registers its node", request("UPDATE", PLUGIN, resource="nodes", node="n1", namespace=None),
+     node_object("n1", {"hami.io/node-nvidia-register": "[]", "other": "1"}), node_object("n1", {"other": "1"}), []),
+    ("plugin releases its node lock", request("UPDATE", PLUGIN, resource="nodes", node="n1", namespace=None),
+     node_object("n1", {}), node_object("n1", {"hami.io/mutex.lock": "2026-12-06T00:00:00Z,team-a,p"}), []),
+    ("plugin patches another node", request("UPDATE", PLUGIN, resource="nodes", node="n1", namespace=None),
+     node_object("n2", {"hami.io/node-nvidia-register": "[]"}), node_object("n2", {}), ["may patch only its own Node, not node n2"]),
+    ("plugin labels its node", request("UPDATE", PLUGIN, resource="nodes", node="n1", namespace=None),
+     node_object("n1", {}, labels={"gpu": "off"}), node_object("n1", {}), ["may change only hami.io/* annotations of node n1"]),
+    ("plugin records an Event from its node", request("CREATE", PLUGIN, resource="events", group="events.k8s.io", node="n1"), event("n1", "Pod", "p"), None, []),
+    ("plugin records an Event as another node", request("CREATE", PLUGIN, resource="events", group="events.k8s.io", node="n1"), event("n2", "Pod", "p"), None,
+     ["may record only Events reported from its node (reportingInstance n1)"]),
+    ("plugin records an Event about another Node", request("UPDATE", PLUGIN, resource="events", group="events.k8s.io", node="n1"), event("n1", "Node", "n2"),
+     event("n1", "Node", "n2"), ["about its own Node"]),
+    ("a tenant's update is not this policy's", request("UPDATE", TENANT), annotated({"x": "1"}, "n2"), annotated({}, "n2"), None),
+]
+
+
+def check_admission_policies(rendered: dict[str, str], scenario: str, overrides: dict) -> int:
+    """The ValidatingAdmissionPolicies, evaluated with cel-python against sample requests: which
+    are refused, with which message. Rendered exactly when the API server serves them and
+    admissionPolicy.enabled; the node policy only with the device plugin."""
+    objs = manifests(rendered)
+    policies = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    on = scenario not in WITHOUT_VAP and overrides.get("admissionPolicy", {}).get("enabled", True)
+    plugin = overrides.get("devicePlugin", {}).get("enabled", True)
+    plugin_policies = [f"{PREFIX}-device-plugin-{kind}" for kind in ("pods", "node", "events")]
+    wanted = {f"{PREFIX}-pod-annotations"} | (set(plugin_policies) if plugin else set()) if on else set()
+    expect(set(policies) == wanted, f"{scenario}: policies {sorted(policies)}, expected {sorted(wanted)}")
+    expect(set(bindings) == wanted, f"{scenario}: bindings {sorted(bindings)}, expected {sorted(wanted)}")
+    for name, b in bindings.items():
+        expect(b["spec"] == {"policyName": name, "validationActions": ["Deny"]}, f"{scenario}: binding {b['spec']}")
+        expect(policies[name]["spec"]["failurePolicy"] == "Fail", f"{scenario}: {name} failurePolicy")
+    webhook = next((d for d in objs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == f"{PREFIX}-webhook"), None)
+    identities = overrides.get("admissionPolicy", {}).get("schedulerIdentities", [SCHEDULER])
+    writers = identities + ([PLUGIN] if plugin else [])
+    if webhook is not None:
+        settings = helm.values_from_yaml(webhook["data"]["webhook.yaml"])
+        expect(settings["tenancy"]["schedulerAnnotationWriters"] == writers, f"{scenario}: webhook writers {settings['tenancy']}")
+    if not on:
+        return 0
+    pod_policy = policies[f"{PREFIX}-pod-annotations"]
+    # Without the device plugin its ServiceAccount is nobody's, and HAMi's default scheduler
+    # identity is nobody's where the operator named others: their cases do not apply.
+    cases = [
+        c for c in POD_POLICY_CASES
+        if (plugin or c[1]["userInfo"]["username"] != PLUGIN) and (SCHEDULER in identities or c[1]["userInfo"]["username"] != SCHEDULER)
+    ]
+    if scenario == "scheduler-identities":
+        other = identities[1]
+        cases = [
+            ("HAMi's own device plugin, named by the operator", request("UPDATE", other), annotated({"hami.io/bind-phase": "success"}), annotated({"hami.io/bind-phase": "allocating"}), []),
+            ("the default scheduler identity, no longer named", request("UPDATE", SCHEDULER), annotated(SCHEDULED), annotated({}), [f"only by {identities[0]}, {other} ("]),
+        ]
+    count = 0
+    for group, table in (([pod_policy], cases), ([policies[n] for n in plugin_policies] if plugin else [], NODE_POLICY_CASES if plugin else [])):
+        for what, req, new, old, expected in table:
+            # Every policy of the group decides; each request is matched by one of them.
+            decisions = [d for d in (policy_decision(p, req, new, old) for p in group) if d is not None]
+            expect(len(decisions) <= 1, f"{scenario}: {what}: matched by {len(decisions)} policies")
+            got = decisions[0] if decisions else None
+            if expected is None or expected == []:
+                expect(got == expected, f"{scenario}: {what}: {got}, expected {expected}")
+            else:
+                expect(got is not None and len(got) == 1 and all(t in got[0] for t in expected),
+                       f"{scenario}: {what}: {got}, expected one denial with {expected}")
+            count += 1
+    return count
 
 
 # Maps whose keys are data (labels, quantities), not chart values.

@@ -163,14 +163,81 @@ impl Cluster {
     /// A kubeconfig that authenticates as a ServiceAccount with a token from the TokenRequest API:
     /// what a pod of that ServiceAccount gets mounted.
     fn service_account_kubeconfig(&self, ns: &str, sa: &str) -> PathBuf {
-        let token = self.ok(&["create", "token", sa, "-n", ns, "--duration", "2h"], None);
+        self.token_kubeconfig(ns, sa, &[])
+    }
+
+    /// The device plugin's ServiceAccount with the token kubelet projects into its pod on `node`:
+    /// bound to a pod of that ServiceAccount on that node, so that it carries the node-name claim
+    /// (`authentication.kubernetes.io/node-name`) the chart's node policies read. The pod is
+    /// stored (bound to the node) but never runs: no kubelet here.
+    fn plugin_kubeconfig(&self, node: &str) -> PathBuf {
+        let sa = format!("{PREFIX}-device-plugin");
+        let holder = format!("dp-token-{node}");
+        if !self.exists("pod", Some(NS), &holder) {
+            self.ok(
+                &["create", "-n", NS, "-o", "name", "-f", "-"],
+                Some(
+                    &json!({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": holder},
+                        "spec": {"serviceAccountName": sa, "nodeName": node, "automountServiceAccountToken": false,
+                                 "containers": [{"name": "plugin", "image": "localhost/hami-limits/hami-device-plugin:test"}]},
+                    })
+                    .to_string(),
+                ),
+            );
+        }
+        let uid = self.get("pod", Some(NS), &holder)["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        self.token_kubeconfig(
+            NS,
+            &sa,
+            &[
+                "--bound-object-kind",
+                "Pod",
+                "--bound-object-name",
+                &holder,
+                "--bound-object-uid",
+                &uid,
+            ],
+        )
+    }
+
+    /// HAMi's scheduler's identity (`system:serviceaccount:kube-system:hami-scheduler`, the chart's
+    /// default admissionPolicy.schedulerIdentities) with the rights HAMi's chart gives it on pods.
+    fn scheduler_kubeconfig(&self) -> PathBuf {
+        self.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "hami-scheduler", "namespace": "kube-system"}}));
+        self.apply(&json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "hami-scheduler-test"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch", "update"]}],
+        }));
+        self.apply(&json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "hami-scheduler-test"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "hami-scheduler-test"},
+            "subjects": [{"kind": "ServiceAccount", "name": "hami-scheduler", "namespace": "kube-system"}],
+        }));
+        self.service_account_kubeconfig("kube-system", "hami-scheduler")
+    }
+
+    fn token_kubeconfig(&self, ns: &str, sa: &str, bound: &[&str]) -> PathBuf {
+        let mut args = vec!["create", "token", sa, "-n", ns, "--duration", "2h"];
+        args.extend(bound);
+        let token = self.ok(&args, None);
         let server = format!(
             "https://127.0.0.1:{}",
             std::fs::read_to_string(self.dir.join("apiserver-port"))
                 .unwrap()
                 .trim()
         );
-        let path = self.work.path().join(format!("{ns}-{sa}.kubeconfig"));
+        let bound_to = bound.get(3).map(|b| format!("-{b}")).unwrap_or_default();
+        let path = self
+            .work
+            .path()
+            .join(format!("{ns}-{sa}{bound_to}.kubeconfig"));
         let config = json!({
             "apiVersion": "v1", "kind": "Config",
             "clusters": [{"name": "c", "cluster": {"server": server, "certificate-authority": self.dir.join("pki/ca.crt")}}],
@@ -642,6 +709,37 @@ fn install(c: &mut Cluster) {
                 .as_array()
                 .is_some_and(|m| !m.is_empty()),
             "the API server kept the CEL matchConditions: {w}"
+        );
+    }
+    // The API server serves ValidatingAdmissionPolicy (1.30+): Helm's discovery rendered the
+    // policies, the webhook has no UPDATE entry, and the real type checker finds every expression
+    // sound against its kind.
+    assert_eq!(
+        mwc["webhooks"].as_array().unwrap().len(),
+        1,
+        "the UPDATE entry is the policy's: {}",
+        mwc["webhooks"]
+    );
+    for name in [
+        "pod-annotations",
+        "device-plugin-pods",
+        "device-plugin-node",
+        "device-plugin-events",
+    ] {
+        let name = format!("{PREFIX}-{name}");
+        assert!(c.exists("validatingadmissionpolicybinding", None, &name));
+        wait_for(
+            &format!("the type check of {name}"),
+            Duration::from_secs(30),
+            || {
+                c.get("validatingadmissionpolicy", None, &name)["status"]["typeChecking"]
+                    .is_object()
+            },
+        );
+        let status = c.get("validatingadmissionpolicy", None, &name)["status"].clone();
+        assert!(
+            status["typeChecking"]["expressionWarnings"].is_null(),
+            "{name}: {status}"
         );
     }
     for (ns, labels) in [
@@ -1300,7 +1398,9 @@ fn update_of_limits_key_denied(c: &mut Cluster) {
     assert!(!out.status.success(), "changing {key} was allowed");
     let err = text(&out.stderr);
     assert!(
-        err.contains("admission webhook \"update.hami-limits.hami.io\" denied the request"),
+        err.contains(&format!(
+            "ValidatingAdmissionPolicy '{PREFIX}-pod-annotations' with binding '{PREFIX}-pod-annotations' denied request"
+        )),
         "{err}"
     );
     assert!(err.contains(&key), "the denial does not name {key}: {err}");
@@ -1313,6 +1413,472 @@ fn update_of_limits_key_denied(c: &mut Cluster) {
             "-n",
             TENANT,
             "owner=team-a",
+        ],
+        None,
+    );
+}
+
+const TENANT_USER: &str = "system:serviceaccount:tenant:bob";
+const SCHEDULER_KEYS: [&str; 6] = [
+    "hami.io/vgpu-node",
+    "hami.io/vgpu-devices-to-allocate",
+    "hami.io/vgpu-devices-allocated",
+    "hami.io/bind-phase",
+    "hami.io/bind-time",
+    "hami.io/vgpu-time",
+];
+
+/// kubectl as the tenant: a ServiceAccount with only namespaced pod rights (a Role in its own
+/// namespace and the opted-out one), by impersonation.
+fn as_tenant(c: &Cluster, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut all = args.to_vec();
+    all.extend(["--as", TENANT_USER]);
+    c.kubectl(&all, stdin)
+}
+
+fn refused_by_policy(out: &Output, needles: &[&str]) -> String {
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "allowed: {}", text(&out.stdout));
+    assert!(
+        err.contains(&format!(
+            "ValidatingAdmissionPolicy '{PREFIX}-pod-annotations'"
+        )),
+        "not refused by the pod annotation policy: {err}"
+    );
+    for n in needles {
+        assert!(err.contains(n), "the denial does not say {n:?}: {err}");
+    }
+    err
+}
+
+/// HAMi's scheduler-owned annotations, the limits files and the delivery mode, attacked by a
+/// tenant with only namespaced pod rights: every route refused by the chart's admission policy
+/// with a message naming the key; HAMi's scheduler identity allowed; a pod's own label opts
+/// nothing out.
+fn tenant_routes_refused_by_the_admission_policies(c: &mut Cluster) {
+    c.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "bob", "namespace": TENANT}}));
+    for ns in [TENANT, OFFLINE] {
+        c.apply(&json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "tenant-pods", "namespace": ns},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}],
+        }));
+        c.apply(&json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "tenant-pods", "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": "bob", "namespace": TENANT}],
+        }));
+    }
+    let now = "1765000000";
+    let devices = format!("{GPU_A},NVIDIA,143771,100:;");
+    let forged = json!({
+        "hami.io/vgpu-node": DP_NODE, "hami.io/vgpu-time": now,
+        "hami.io/vgpu-devices-to-allocate": devices, "hami.io/vgpu-devices-allocated": devices,
+        "hami.io/bind-phase": "allocating", "hami.io/bind-time": now,
+    });
+    let mut bypass = pod(
+        "forged",
+        forged.clone(),
+        json!([container("cuda", json!({"nvidia.com/gpu": 1}))]),
+    );
+    bypass["spec"]["nodeName"] = json!(DP_NODE);
+
+    // Created with the scheduler's annotations and a preset node where no webhook runs (an
+    // opted-out namespace): refused, naming every key.
+    let out = as_tenant(
+        c,
+        &["create", "-n", OFFLINE, "-f", "-"],
+        Some(&bypass.to_string()),
+    );
+    let mut needles = vec![
+        "pod tenant-offline/forged: annotation",
+        "may not be set when a pod is created",
+    ];
+    needles.extend(SCHEDULER_KEYS);
+    refused_by_policy(&out, &needles);
+    // The same through the webhook: refused naming a key, or stored without any of them.
+    let out = as_tenant(
+        c,
+        &["create", "-n", TENANT, "-o", "json", "-f", "-"],
+        Some(&bypass.to_string()),
+    );
+    if out.status.success() {
+        let stored: Value = serde_json::from_slice(&out.stdout).unwrap();
+        for key in SCHEDULER_KEYS {
+            assert!(
+                stored["metadata"]["annotations"][key].is_null(),
+                "{key} reached the stored pod: {}",
+                stored["metadata"]
+            );
+        }
+        c.ok(
+            &["delete", "pod", "forged", "-n", TENANT, "--wait=false"],
+            None,
+        );
+    } else {
+        refused_by_policy(&out, &["may not be set when a pod is created"]);
+    }
+
+    // A pending GPU pod of the tenant's: every scheduler-owned key refused on UPDATE.
+    let p = pod(
+        "bob-pending",
+        json!({}),
+        json!([container(
+            "cuda",
+            json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+        )]),
+    );
+    let out = as_tenant(
+        c,
+        &["create", "-n", TENANT, "-o", "name", "-f", "-"],
+        Some(&p.to_string()),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for key in SCHEDULER_KEYS {
+        let value = forged[key].as_str().unwrap();
+        let out = as_tenant(
+            c,
+            &[
+                "annotate",
+                "pod",
+                "bob-pending",
+                "-n",
+                TENANT,
+                &format!("{key}={value}"),
+            ],
+            None,
+        );
+        refused_by_policy(
+            &out,
+            &[&format!(
+                "pod tenant/bob-pending: annotation {key} may not be added, changed or removed by {TENANT_USER}"
+            )],
+        );
+    }
+    // A JSON patch and a whole-object update take the same road.
+    let out = as_tenant(
+        c,
+        &[
+            "patch",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            "--type=json",
+            "-p",
+            &json!([{"op": "add", "path": "/metadata/annotations", "value": forged}]).to_string(),
+        ],
+        None,
+    );
+    refused_by_policy(&out, &["hami.io/vgpu-devices-to-allocate"]);
+    let mut whole = c.get("pod", Some(TENANT), "bob-pending");
+    whole["metadata"]["annotations"]["hami.io/bind-phase"] = json!("allocating");
+    let out = as_tenant(c, &["replace", "-f", "-"], Some(&whole.to_string()));
+    refused_by_policy(&out, &["annotation hami.io/bind-phase may not be added"]);
+    // The scheduler's label too.
+    let out = as_tenant(
+        c,
+        &[
+            "label",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            &format!("hami.io/vgpu-node={DP_NODE}"),
+        ],
+        None,
+    );
+    refused_by_policy(
+        &out,
+        &["pod tenant/bob-pending: label hami.io/vgpu-node may not be added, changed or removed"],
+    );
+    // The delivery mode and the limits files are fixed after creation.
+    let out = as_tenant(
+        c,
+        &[
+            "annotate",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            "hami.io/limit-delivery=env",
+        ],
+        None,
+    );
+    refused_by_policy(
+        &out,
+        &[
+            "annotation hami.io/limit-delivery=\"env\": the delivery mode is chosen when the pod is created",
+        ],
+    );
+    let out = as_tenant(
+        c,
+        &[
+            "annotate",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            "limits.hami.io/cuda=CUDA_DEVICE_MEMORY_LIMIT=99999m",
+        ],
+        None,
+    );
+    refused_by_policy(
+        &out,
+        &["this update adds, changes or removes limits.hami.io/cuda"],
+    );
+    // Its own annotations and labels stay the tenant's; a label opts nothing out.
+    let out = as_tenant(
+        c,
+        &["annotate", "pod", "bob-pending", "-n", TENANT, "owner=bob"],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = as_tenant(
+        c,
+        &[
+            "label",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            "hami.io/webhook=ignore",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = as_tenant(
+        c,
+        &[
+            "annotate",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            "hami.io/bind-phase=allocating",
+        ],
+        None,
+    );
+    refused_by_policy(&out, &["hami.io/bind-phase"]);
+    let mut labelled = kai_pod("labelled-out", json!({"gpu-memory": "3000"}));
+    labelled["metadata"]["labels"]["hami.io/webhook"] = json!("ignore");
+    let out = as_tenant(
+        c,
+        &["create", "-n", TENANT, "-o", "json", "-f", "-"],
+        Some(&labelled.to_string()),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("limits.hami.io/"),
+        "a pod labelled hami.io/webhook=ignore skipped the webhook: {}",
+        text(&out.stdout)
+    );
+
+    // HAMi's scheduler places the pod; the tenant still cannot change what it wrote.
+    let scheduler = c.scheduler_kubeconfig();
+    let mut args: Vec<String> = ["annotate", "pod", "bob-pending", "-n", TENANT]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    for key in SCHEDULER_KEYS {
+        args.push(format!("{key}={}", forged[key].as_str().unwrap()));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = c.kubectl_as(&scheduler, &args, None);
+    assert!(
+        out.status.success(),
+        "the scheduler's identity: {}",
+        text(&out.stderr)
+    );
+    let out = as_tenant(
+        c,
+        &[
+            "annotate",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            "--overwrite",
+            "hami.io/vgpu-devices-to-allocate=GPU-other,NVIDIA,143771,100:;",
+        ],
+        None,
+    );
+    refused_by_policy(
+        &out,
+        &["hami.io/vgpu-devices-to-allocate may not be added, changed or removed"],
+    );
+    let out = as_tenant(
+        c,
+        &[
+            "annotate",
+            "pod",
+            "bob-pending",
+            "-n",
+            TENANT,
+            "hami.io/bind-time-",
+        ],
+        None,
+    );
+    refused_by_policy(
+        &out,
+        &["hami.io/bind-time may not be added, changed or removed"],
+    );
+    c.ok(
+        &[
+            "delete",
+            "pod",
+            "bob-pending",
+            "labelled-out",
+            "-n",
+            TENANT,
+            "--wait=false",
+        ],
+        None,
+    );
+}
+
+/// The device plugin's ServiceAccount with the token of its pod on DP_NODE: hami.io/* annotations
+/// of that node's pods and of that Node only, Events from that node only; without the node claim
+/// nothing.
+fn device_plugin_writes_only_its_node(c: &mut Cluster) {
+    const OTHER: &str = "gpu-other";
+    for node in [DP_NODE, OTHER] {
+        c.apply(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"gpu": "on"}}}));
+    }
+    for (name, node) in [("on-dp", DP_NODE), ("on-other", OTHER)] {
+        let mut p = pod(
+            name,
+            json!({}),
+            json!([{"name": "app", "image": "localhost/hami-limits/workload:test"}]),
+        );
+        p["spec"]["nodeName"] = json!(node);
+        c.create_pod(TENANT, &p).unwrap();
+    }
+    let dp = c.plugin_kubeconfig(DP_NODE);
+    let policy = |kind: &str| format!("ValidatingAdmissionPolicy '{PREFIX}-device-plugin-{kind}'");
+    let run = |args: &[&str], stdin: Option<&str>| c.kubectl_as(&dp, args, stdin);
+    let refused = |out: Output, kind: &str, needle: &str| {
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "allowed, expected {needle:?}");
+        assert!(err.contains(&policy(kind)) && err.contains(needle), "{err}");
+    };
+    let out = run(
+        &[
+            "annotate",
+            "pod",
+            "on-dp",
+            "-n",
+            TENANT,
+            "hami.io/bind-phase=success",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    refused(
+        run(
+            &[
+                "annotate",
+                "pod",
+                "on-other",
+                "-n",
+                TENANT,
+                "hami.io/bind-phase=success",
+            ],
+            None,
+        ),
+        "pods",
+        &format!(
+            "the device plugin of node {DP_NODE} may patch only pods bound to its node: pod tenant/on-other is on node {OTHER}"
+        ),
+    );
+    refused(
+        run(&["label", "pod", "on-dp", "-n", TENANT, "x=y"], None),
+        "pods",
+        "may change only hami.io/* annotations of pod tenant/on-dp",
+    );
+    refused(
+        run(
+            &[
+                "annotate",
+                "pod",
+                "on-dp",
+                "-n",
+                TENANT,
+                "team.example.com/owner=x",
+            ],
+            None,
+        ),
+        "pods",
+        "may change only hami.io/* annotations",
+    );
+    let out = run(
+        &[
+            "annotate",
+            "node",
+            DP_NODE,
+            "--overwrite",
+            "hami.io/node-nvidia-register=[]",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    refused(
+        run(
+            &["annotate", "node", OTHER, "hami.io/node-nvidia-register=[]"],
+            None,
+        ),
+        "node",
+        &format!("may patch only its own Node, not node {OTHER}"),
+    );
+    refused(
+        run(&["label", "node", DP_NODE, "gpu=off", "--overwrite"], None),
+        "node",
+        &format!("may change only hami.io/* annotations of node {DP_NODE}"),
+    );
+    let event = |instance: &str, node: &str| {
+        json!({
+            "apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"generateName": "dp-", "namespace": "default"},
+            "eventTime": "2026-12-06T00:00:00.000000Z",
+            "reportingController": "hami-device-plugin", "reportingInstance": instance,
+            "action": "Score", "reason": "Test", "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+        })
+        .to_string()
+    };
+    let out = run(&["create", "-f", "-"], Some(&event(DP_NODE, DP_NODE)));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    refused(
+        run(&["create", "-f", "-"], Some(&event(OTHER, OTHER))),
+        "events",
+        "may record only Events reported from its node",
+    );
+    // A token without the node claim (not bound to a pod on a node): fail closed.
+    let unbound = c.service_account_kubeconfig(NS, &format!("{PREFIX}-device-plugin"));
+    let out = c.kubectl_as(
+        &unbound,
+        &["annotate", "pod", "on-dp", "-n", TENANT, "hami.io/x=1"],
+        None,
+    );
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err
+                .contains("presented no node-name claim (authentication.kubernetes.io/node-name)"),
+        "{err}"
+    );
+    // Out of the later cases' way (no kubelet confirms a bound pod's deletion: forced).
+    c.ok(
+        &[
+            "delete",
+            "pod",
+            "on-dp",
+            "on-other",
+            "-n",
+            TENANT,
+            "--force",
+            "--grace-period=0",
         ],
         None,
     );
@@ -1514,6 +2080,23 @@ fn rbac_as_shipped(c: &mut Cluster) {
             "the device plugin's ServiceAccount may {verb} {resource}"
         );
     }
+    // HAMi's vGPU monitor: its own ServiceAccount reads pods and nothing else.
+    let monitor = c.service_account_kubeconfig(NS, &format!("{PREFIX}-vgpu-monitor"));
+    for (verb, resource, allowed) in [
+        ("list", "pods", "yes"),
+        ("watch", "pods", "yes"),
+        ("patch", "pods", "no"),
+        ("get", "secrets", "no"),
+        ("patch", "nodes", "no"),
+        ("create", "events.events.k8s.io", "no"),
+    ] {
+        let out = c.kubectl_as(&monitor, &["auth", "can-i", verb, resource, "-A"], None);
+        assert_eq!(
+            text(&out.stdout).trim(),
+            allowed,
+            "the vGPU monitor's ServiceAccount: {verb} {resource}"
+        );
+    }
     let out = c.kubectl_as(&dp, &["get", "secrets", "-n", NS], None);
     assert!(
         !out.status.success() && text(&out.stderr).contains("forbidden"),
@@ -1558,6 +2141,52 @@ fn failure_policy(c: &mut Cluster) {
         "refused after {took:?}, not at timeoutSeconds (10 s)"
     );
     c.stop_webhook();
+    // KAI's podgrouper and binder patch every fraction pod after creation: with the UPDATE rules
+    // in the admission policy, those UPDATEs never wait on (or fail with) the webhook.
+    let start = Instant::now();
+    c.ok(
+        &[
+            "annotate",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "pod-group-name=pg-kai-memory",
+        ],
+        None,
+    );
+    c.ok(
+        &[
+            "label",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "runai-gpu-group=g-1",
+        ],
+        None,
+    );
+    println!(
+        "failurePolicy=Fail, webhook down: KAI pod UPDATEs (podgrouper annotation, binder label): admitted in {} ms",
+        start.elapsed().as_millis()
+    );
+    // And the rules still hold while it is down.
+    let out = c.kubectl(
+        &[
+            "annotate",
+            "pod",
+            "kai-memory",
+            "-n",
+            TENANT,
+            "hami.io/bind-phase=allocating",
+        ],
+        None,
+    );
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("hami.io/bind-phase"),
+        "{}",
+        text(&out.stderr)
+    );
     let kinds = |tag: &str| {
         vec![
             (
@@ -1712,7 +2341,7 @@ fn rollback_keeps_ca_bundle_and_uninstall_leaves_nothing(c: &mut Cluster) {
     let left = c.ok(
         &[
             "get",
-            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations",
+            "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingadmissionpolicies,validatingadmissionpolicybindings",
             "-l",
             "app.kubernetes.io/instance=hl",
             "-o",
@@ -1803,7 +2432,8 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
         .build()
         .unwrap();
     let kubelet = rt.block_on(FakeKubelet::start(&kubelet_dir)).unwrap();
-    let kubeconfig = c.service_account_kubeconfig(NS, &format!("{PREFIX}-device-plugin"));
+    // The token kubelet would project into the plugin's pod on DP_NODE (it names the node).
+    let kubeconfig = c.plugin_kubeconfig(DP_NODE);
     let log = std::fs::File::create(c.dir.join("logs/hami-device-plugin.log")).unwrap();
     let plugin = Command::new(binary("hami-device-plugin"))
         .arg("run")
@@ -2076,7 +2706,10 @@ fn schedule_as_hami(c: &Cluster, ns: &str, name: &str, mib: u64, cores: u32) {
         .as_secs();
     let lock = format!("hami.io/mutex.lock={},{ns},{name}", rfc3339(now).unwrap());
     c.ok(&["annotate", "node", DP_NODE, "--overwrite", &lock], None);
-    c.ok(
+    // As HAMi's scheduler's identity: nobody else may write these (the chart's admission policy).
+    let scheduler = c.scheduler_kubeconfig();
+    let out = c.kubectl_as(
+        &scheduler,
         &[
             "annotate",
             "pod",
@@ -2092,6 +2725,11 @@ fn schedule_as_hami(c: &Cluster, ns: &str, name: &str, mib: u64, cores: u32) {
             &format!("hami.io/bind-time={now}"),
         ],
         None,
+    );
+    assert!(
+        out.status.success(),
+        "the scheduler's identity may not annotate {ns}/{name}: {}",
+        text(&out.stderr)
     );
 }
 
@@ -2162,6 +2800,14 @@ const CASES: &[Case<Cluster>] = &[
     (
         "UPDATE of a limits.hami.io key is denied",
         update_of_limits_key_denied,
+    ),
+    (
+        "a tenant's routes around the scheduler annotations, limits files and delivery mode are refused by the admission policy",
+        tenant_routes_refused_by_the_admission_policies,
+    ),
+    (
+        "the device plugin's token writes only to its own node",
+        device_plugin_writes_only_its_node,
     ),
     (
         "CEL matchConditions keep plain pods away from the webhook",

@@ -244,8 +244,13 @@ fn schedule_and_bind_as_hami(n: &Node, name: &str, uuid: &str, mib: u64, cores: 
         ],
         None,
     );
+    // As HAMi's scheduler's identity (the chart's default admissionPolicy.schedulerIdentities):
+    // the chart's admission policy refuses these annotations from anybody else, the admin
+    // included.
     n.ok(
         &[
+            "--as=system:serviceaccount:kube-system:hami-scheduler",
+            "--as-group=system:masters",
             "annotate",
             "pod",
             name,

@@ -102,6 +102,7 @@ annotations:
 {{- define "hami-limits.webhookName" -}}{{ include "hami-limits.fullname" . }}-webhook{{- end -}}
 {{- define "hami-limits.webhookConfigName" -}}{{ include "hami-limits.fullname" . }}{{- end -}}
 {{- define "hami-limits.devicePluginName" -}}{{ include "hami-limits.fullname" . }}-device-plugin{{- end -}}
+{{- define "hami-limits.monitorName" -}}{{ include "hami-limits.fullname" . }}-vgpu-monitor{{- end -}}
 {{- define "hami-limits.certgenName" -}}{{ include "hami-limits.fullname" . }}-certgen{{- end -}}
 {{- define "hami-limits.tlsSecretName" -}}{{ default (printf "%s-webhook-tls" (include "hami-limits.fullname" .)) .Values.certs.secretName }}{{- end -}}
 
@@ -345,3 +346,38 @@ or the one this chart renders. */}}
         path: device-config.yaml
     {{- end }}
 {{- end -}}
+
+{{/* "true" when the chart installs its ValidatingAdmissionPolicies: admissionPolicy.enabled and an
+API server that serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy (Kubernetes 1.30
+and later; `helm template` needs `--api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy`).
+Empty otherwise: then the webhook's UPDATE entry enforces the same pod rules. */}}
+{{- define "hami-limits.admissionPolicy" -}}
+{{- if and .Values.admissionPolicy.enabled (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The device plugin's ServiceAccount as the API server names it in a request. */}}
+{{- define "hami-limits.devicePluginUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "hami-limits.devicePluginName" . }}
+{{- end -}}
+
+{{/* The identities that may write HAMi's scheduler-owned pod annotations, as a JSON list:
+admissionPolicy.schedulerIdentities, plus this chart's device plugin (it sets bind-phase and
+empties its vgpu-devices-to-allocate entry). Read by the policy and by the webhook
+(tenancy.schedulerAnnotationWriters). */}}
+{{- define "hami-limits.schedulerAnnotationWriters" -}}
+{{- $writers := .Values.admissionPolicy.schedulerIdentities | default list -}}
+{{- if .Values.devicePlugin.enabled -}}
+{{- $writers = append $writers (include "hami-limits.devicePluginUser" .) -}}
+{{- end -}}
+{{- $writers | uniq | toJson -}}
+{{- end -}}
+
+{{/* HAMi's scheduler-owned pod annotations (HAMi v2.10: the scheduler writes them, the device
+plugin's Allocate reads them and trusts them; the webhook's list, hami_shared::names::
+SCHEDULER_OWNED_ANNOTATIONS), and its pod label. */}}
+{{- define "hami-limits.schedulerAnnotations" -}}
+["hami.io/vgpu-node","hami.io/vgpu-devices-to-allocate","hami.io/vgpu-devices-allocated","hami.io/bind-phase","hami.io/bind-time","hami.io/vgpu-time","hami.io/vgpu-mig-allocations"]
+{{- end -}}
+{{- define "hami-limits.schedulerLabel" -}}hami.io/vgpu-node{{- end -}}
