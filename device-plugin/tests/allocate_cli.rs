@@ -35,8 +35,15 @@ spec:
       value: "true"
 "#;
 
+/// `plan` of [`POD`], whose namespace may set the HAMi-core variables it sets (as HAMi lets it).
 fn plan(dir: &Path, extra: &[&str]) -> std::process::Output {
-    std::fs::write(dir.join("pod.yaml"), POD).unwrap();
+    let mut args = vec!["--allow-hami-core-env-namespaces", "ml"];
+    args.extend_from_slice(extra);
+    plan_pod(dir, POD, &args)
+}
+
+fn plan_pod(dir: &Path, pod: &str, extra: &[&str]) -> std::process::Output {
+    std::fs::write(dir.join("pod.yaml"), pod).unwrap();
     Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
         .arg("plan")
         .arg("--pod")
@@ -209,6 +216,7 @@ fn plan_file(dir: &Path, text: &[u8], extra: &[&str]) -> std::process::Output {
     std::fs::write(&path, text).unwrap();
     Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
         .args(["plan", "--pod", path.to_str().unwrap(), "--node", "gpu-0"])
+        .args(["--allow-hami-core-env-namespaces", "ml"])
         .args(extra)
         .env_remove("HOOK_PATH")
         .env_remove("NODE_NAME")
@@ -347,7 +355,9 @@ fn plan_env(dir: &Path, env: &[(&str, &str)], extra: &[&str]) -> std::process::O
         .arg(dir.join("hook"))
         .args(extra)
         .env_remove("HAMI_DEVICE_CONFIG")
-        .env_remove("HAMI_NODE_CONFIG");
+        .env_remove("HAMI_NODE_CONFIG")
+        // The variable, as the chart sets it.
+        .env("HAMI_ALLOW_HAMI_CORE_ENV_NAMESPACES", "kube-system,ml");
     for name in [
         "DEVICE_LIST_STRATEGY",
         "DEVICE_ID_STRATEGY",

@@ -24,5 +24,7 @@ pub mod device_list;
 pub mod executor;
 pub mod hook;
 pub mod mig;
+pub mod entry_check;
 pub mod plan;
 pub mod pod_lookup;
+pub mod spec_guard;
