@@ -505,3 +505,50 @@ fn invalid_device_list_variables_are_refused_naming_key_value_and_forms() {
         "{stderr}"
     );
 }
+
+/// `plan` refuses what `Allocate` refuses, with the same message: here the container's own
+/// `CUDA_DISABLE_CONTROL` and `CUDA_TASK_PRIORITY` without a namespace allowed to set them, and
+/// a mount over the limits file; nothing is written.
+#[test]
+fn plan_refuses_what_allocate_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let out = plan_pod(dir, POD, &["--write"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("pod ml/train: container \"trainer\" refused: spec.containers[1].env[0] sets CUDA_TASK_PRIORITY (\"0\")")
+            && stderr.contains("spec.containers[1].env[1] sets CUDA_DISABLE_CONTROL (\"true\")")
+            && stderr.contains("--allow-hami-core-env-namespaces"),
+        "{stderr}"
+    );
+    assert!(!dir.join("hook").exists(), "nothing written");
+
+    let pod = POD.replace(
+        "    env:\n    - name: CUDA_TASK_PRIORITY\n      value: \"0\"\n    - name: CUDA_DISABLE_CONTROL\n      value: \"true\"\n",
+        "    volumeMounts:\n    - name: mine\n      mountPath: //overrideEnv/\n",
+    );
+    assert_ne!(pod, POD);
+    let out = plan_pod(dir, &pod, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("spec.containers[1].volumeMounts[0].mountPath=\"//overrideEnv/\" (cleaned /overrideEnv) is at the same path as /overrideEnv"),
+        "{stderr}"
+    );
+
+    // An entry this node cannot have scheduled: refused with --inventory.
+    std::fs::write(
+        dir.join("inventory.yaml"),
+        "- {uuid: GPU-a, name: x, memoryMib: 8000}\n- {uuid: GPU-b, index: 1, name: x, memoryMib: 2000}\n- {uuid: GPU-c, index: 2, name: x, memoryMib: 8000}\n",
+    )
+    .unwrap();
+    let inventory = dir.join("inventory.yaml").display().to_string();
+    let out = plan(dir, &["--inventory", &inventory]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("hami.io/vgpu-devices-to-allocate refused: entry 2 grants 3000 MiB on GPU \"GPU-b\", above the 2000 MiB it registers"),
+        "{stderr}"
+    );
+}

@@ -335,7 +335,10 @@ pub enum PlanError {
     },
     /// The container's own spec would replace, hide or undo what the device plugin grants
     /// (mounts, privilege, HAMi-core's variables): refused whether or not the webhook saw the pod.
-    #[error("pod {pod}: container {container:?} refused: {}", join_refusals(refusals))]
+    #[error(
+        "pod {pod}: container {container:?} refused: {}",
+        join_refusals(refusals)
+    )]
     Refused {
         /// `namespace/name`.
         pod: String,

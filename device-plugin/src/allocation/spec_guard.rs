@@ -288,7 +288,8 @@ fn env(input: &GuardInput<'_>, settings: &GuardSettings, refusals: &mut Vec<Spec
                 .and_then(|r| r.limits.as_ref())
                 .and_then(|l| l.get(&settings.priority_resource));
             // The webhook's rendering of the limit (a limit that is not an integer is denied).
-            let expected = limit.and_then(|q| q.0.parse::<TaskPriority>().ok().map(|p| p.to_string()));
+            let expected =
+                limit.and_then(|q| q.0.parse::<TaskPriority>().ok().map(|p| p.to_string()));
             (
                 expected,
                 format!("the container's {} limit", settings.priority_resource),
@@ -302,7 +303,8 @@ fn env(input: &GuardInput<'_>, settings: &GuardSettings, refusals: &mut Vec<Spec
         } else {
             continue;
         };
-        let matches = matches!((&value, &expected), (SpecEnvValue::Literal(v), Some(want)) if v == want);
+        let matches =
+            matches!((&value, &expected), (SpecEnvValue::Literal(v), Some(want)) if v == want);
         if !matches {
             refusals.push(SpecRefusal::WebhookEnv {
                 field,

@@ -640,10 +640,7 @@ impl Core {
     /// One `Allocate` call, in an `allocate` span: select, execute, and redo the selection while
     /// the pod read was stale (at most [`MAX_SELECT_ATTEMPTS`] times); then the failure path
     /// when it failed.
-    pub async fn allocate(
-        &self,
-        call: Call<'_>,
-    ) -> Result<v1beta1::AllocateResponse, Status> {
+    pub async fn allocate(&self, call: Call<'_>) -> Result<v1beta1::AllocateResponse, Status> {
         let span = tracing::debug_span!(
             ALLOCATE_SPAN,
             node = %self.node_name(),
@@ -679,9 +676,7 @@ impl Core {
         let mut attempt = 1;
         let result = loop {
             let lock = known_lock.as_ref().and_then(|l| l.as_deref());
-            let chosen = self
-                .choose(lock, call, attempt, counts, &mut trips)
-                .await;
+            let chosen = self.choose(lock, call, attempt, counts, &mut trips).await;
             let (mut located, claim) = match chosen {
                 Err((o, status)) => {
                     outcome = o;
