@@ -466,11 +466,13 @@ fn task_priority_and_core_policy_only_as_the_webhook_sets_them() {
     // As the webhook writes it from the limit: allowed.
     assert!(refusals(&with_limit(Some("0"), prio("0")), &settings).is_empty());
     assert!(refusals(&with_limit(Some("1"), prio("1")), &settings).is_empty());
+    // HAMi-core's default where no limit grants another: takes nothing from anyone.
+    assert!(refusals(&with_limit(None, prio("1")), &settings).is_empty());
     // Any other value, no limit, or valueFrom: refused.
     for (limit, env) in [
         (Some("1"), prio("0")),
         (None, prio("0")),
-        (None, prio("1")),
+        (None, prio("2")),
         (
             Some("0"),
             json!([{"name": "CUDA_TASK_PRIORITY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
@@ -492,6 +494,9 @@ fn task_priority_and_core_policy_only_as_the_webhook_sets_them() {
         "{}",
         got[0]
     );
+    assert_eq!(refusals(&policy("default"), &settings).len(), 1);
+    // The strictest policy takes nothing from anyone.
+    assert!(refusals(&policy("force"), &settings).is_empty());
     settings.guard.core_policy = CorePolicy::Force;
     assert!(refusals(&policy("force"), &settings).is_empty());
     assert_eq!(refusals(&policy("disable"), &settings).len(), 1);

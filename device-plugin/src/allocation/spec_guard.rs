@@ -20,8 +20,9 @@
 //!   log level) and `CUDA_DISABLE_CONTROL`, literal or `valueFrom`: in `env` delivery kubelet
 //!   lets the spec's value win over `Allocate`'s. `CUDA_TASK_PRIORITY` and
 //!   `GPU_CORE_UTILIZATION_POLICY` are the webhook's to set: a value other than the one it sets
-//!   (from the priority limit, from `gpuCorePolicy`) is refused. Unless the namespace is in
-//!   [`GuardSettings::hami_core_env_namespaces`].
+//!   (from the priority limit, from `gpuCorePolicy`) is refused, except HAMi-core's default
+//!   priority `1` where no limit is set and the strictest policy `force`. Unless the namespace
+//!   is in [`GuardSettings::hami_core_env_namespaces`].
 //!
 //! Not seen here: `envFrom` (the ConfigMap or Secret is not read at `Allocate`; in `file` mode
 //! the preload library replaces inherited HAMi-core variables with the file's in every
@@ -303,9 +304,20 @@ fn env(input: &GuardInput<'_>, settings: &GuardSettings, refusals: &mut Vec<Spec
         } else {
             continue;
         };
-        let matches =
-            matches!((&value, &expected), (SpecEnvValue::Literal(v), Some(want)) if v == want);
-        if !matches {
+        // What the webhook sets, or what takes nothing from anyone: HAMi-core's own default
+        // priority when no limit grants another, the strictest policy.
+        let harmless = match &value {
+            SpecEnvValue::Literal(v) => {
+                expected.as_deref() == Some(v.as_str())
+                    || (e.name == ENV_CUDA_TASK_PRIORITY
+                        && expected.is_none()
+                        && *v == TaskPriority::DEFAULT.to_string())
+                    || (e.name == ENV_GPU_CORE_UTILIZATION_POLICY
+                        && v == CorePolicy::Force.as_str())
+            }
+            SpecEnvValue::ValueFrom => false,
+        };
+        if !harmless {
             refusals.push(SpecRefusal::WebhookEnv {
                 field,
                 name: e.name.clone(),
@@ -359,7 +371,7 @@ fn mounts(input: &GuardInput<'_>, refusals: &mut Vec<SpecRefusal>) {
         );
     for (field, path) in paths {
         let resolved = resolve(path);
-        // The first protected path it meets, deepest relation first: one refusal per mount.
+        // One refusal per mount: the first protected path it overlaps.
         let hit = protected.iter().find_map(|p| {
             overlap(&resolved, p.path)
                 .filter(|o| p.above || *o != Overlap::Above)
