@@ -533,6 +533,18 @@ fn gpu(uuid: &str, memory_mib: u64) -> Gpu {
     }
 }
 
+/// A case: what it is, the pod's entries, `deviceSplitCount`, memory and core scaling.
+type EntryCase = (&'static str, Vec<Vec<ContainerDevice>>, u32, f64, f64);
+/// The same, and what the refusal says.
+type RefusedCase = (
+    &'static str,
+    Vec<Vec<ContainerDevice>>,
+    u32,
+    f64,
+    f64,
+    &'static str,
+);
+
 fn table(split: u32) -> DeviceTable {
     DeviceTable::shares(
         vec![gpu("GPU-a", 80_000), gpu("GPU-b", 40_000)],
@@ -562,7 +574,7 @@ fn entries_hamis_scheduler_writes_pass() {
         kind: "Ascend".into(),
         ..dev("NPU-1", 1_000_000, 100)
     };
-    let legit: &[(&str, Vec<Vec<ContainerDevice>>, u32, f64, f64)] = &[
+    let legit: &[EntryCase] = &[
         (
             "whole card",
             vec![vec![dev("GPU-a", 80_000, 0)]],
@@ -632,7 +644,7 @@ fn entries_hamis_scheduler_writes_pass() {
 
 #[test]
 fn entries_the_scheduler_cannot_write_are_refused() {
-    let cases: &[(&str, Vec<Vec<ContainerDevice>>, u32, f64, f64, &str)] = &[
+    let cases: &[RefusedCase] = &[
         (
             "unknown GPU",
             vec![vec![dev("GPU-z", 1000, 10)]],
@@ -772,7 +784,6 @@ fn only_an_answer_of_one_share_per_wanted_gpu_counts_as_steered() {
     let request = |ids: &[&str]| v1beta1::AllocateRequest {
         container_requests: vec![v1beta1::ContainerAllocateRequest {
             devices_ids: s(ids),
-            ..Default::default()
         }],
     };
     assert_eq!(steering.steered(&request(&["GPU-a-3"])), [true]);

@@ -49,7 +49,7 @@ pub struct PlanArgs {
     pub device_list: DeviceListArgs,
     /// The namespaces exempt from parts of the spec checks, as for `run`.
     #[command(flatten)]
-    pub guard: crate::cli::GuardArgs,
+    pub guard: crate::allocation::spec_guard::GuardArgs,
 }
 
 /// What `plan` prints.
