@@ -79,7 +79,8 @@ impl Steering {
     }
 }
 
-/// Whether `answer` is exactly one device of each wanted GPU (`uuid_of` maps an ID to its GPU).
+/// Whether `answer` is exactly one device of each wanted GPU and nothing else (`whole`: an ID is
+/// the device's UUID, not `<uuid>-<share>`).
 pub fn is_steered(answer: &[String], wanted: &[String], whole: bool) -> bool {
     let gpu = |id: &String| {
         if whole {
