@@ -176,8 +176,15 @@ fn write_publishes_the_files_as_run_would() {
                 .diagnostics
                 .is_empty()
         );
-        let d = std::fs::metadata(containers.join(format!("{UID}_{c}"))).unwrap();
-        assert_eq!(d.permissions().mode() & 0o7777, 0o777);
+        // Root's folder, not writable by the container's users, with HAMi-core's region file
+        // pre-created for every UID.
+        let ctr = containers.join(format!("{UID}_{c}"));
+        let d = std::fs::metadata(&ctr).unwrap();
+        assert_eq!(d.permissions().mode() & 0o7777, 0o755);
+        let cache = std::fs::symlink_metadata(ctr.join("usage.cache")).unwrap();
+        assert!(cache.is_file());
+        assert_eq!(cache.len(), 0);
+        assert_eq!(cache.permissions().mode() & 0o7777, 0o666);
     }
 }
 

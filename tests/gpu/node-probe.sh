@@ -7,13 +7,14 @@
 #
 #   CARRY/bin/{containerd,containerd-shim-runc-v2,runc,ctr,kubelet,hami-device-plugin,hami-webhook}.xz
 #   CARRY/bin/libseccomp.so.2 (runc's one library)  CARRY/bin/libhami_preload.so (scripts/build-preload)
-#   CARRY/pause.tar (scripts/images build DIR --only pause)  CARRY/hami-core/ (HAMi-core's source)
+#   CARRY/pause.tar (scripts/images build DIR --only pause)  CARRY/libvgpu.so (HAMi-core, prebuilt:
+#   this repository neither carries nor builds it)
 #
 #   tests/gpu/node-probe.sh CARRY        # as root; the report goes to $OUT/report.md (or /tmp)
 #
 # Steps: the machine (kernel, cgroups, overlayfs, namespaces, oom_score_adj, NVIDIA tools);
 # containerd and runc (Debian's, carried) running a container; a GPU container started by containerd
-# and runc with HAMi-core built here, the preload library, the limits file read-only at
+# and runc with the carried HAMi-core, the preload library, the limits file read-only at
 # /overrideEnv and the preload list at /etc/ld.so.preload: its entrypoint holds 1500 MiB while an
 # `env -i` process in the same container asks for 1500 MiB (refused: one 3000 MiB cap, counted
 # together, contexts included) and 300 MiB (granted, seeing the 3000 MiB total); kubelet (standalone, no API server: none fits in the carry)
@@ -115,14 +116,8 @@ c tasks kill -s SIGKILL p1 >/dev/null 2>&1; sleep 0.5; c tasks delete -f p1 >/de
 # --- a GPU container, capped -----------------------------------------------------------------------
 cuda=${CUDA_HOME:-/usr/local/cuda}
 lib=""
-if try "build HAMi-core $(cat "$carry/hami-core/REVISION" 2>/dev/null) (Debug, as tests/gpu/run.sh)" sh -c "
-    mkdir -p $w/hami-build && cd $w/hami-build &&
-    LIBRARY_PATH=$cuda/lib64/stubs cmake $carry/hami-core -DDLSYM_HOOK_ENABLE=1 -DMULTIPROCESS_LIMIT_ENABLE=1 \
-      -DHOOK_MEMINFO_ENABLE=1 -DHOOK_NVML_ENABLE=1 -DCMAKE_BUILD_TYPE=Debug -DTEST_DEVICE_ID=0 \
-      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > $w/logs/cmake.log 2>&1 &&
-    LIBRARY_PATH=$cuda/lib64/stubs make -j\$(nproc) vgpu > $w/logs/make.log 2>&1 && find . -name libvgpu.so -type f ||
-    { tail -n 3 $w/logs/cmake.log $w/logs/make.log 2>/dev/null; exit 1; }"; then
-  lib=$(find "$w/hami-build" -name libvgpu.so -type f | head -n 1)
+if try "HAMi-core prebuilt (CARRY/libvgpu.so)" test -f "$carry/libvgpu.so"; then
+  lib="$carry/libvgpu.so"
 fi
 try "build the probe (nvcc)" "$cuda/bin/nvcc" -O1 -o "$w/probe/probe" "$repo/tests/gpu/probe.cu" -L"$cuda/lib64/stubs" -lcuda
 if [ -n "$lib" ] && [ -x "$w/probe/probe" ]; then

@@ -1,48 +1,49 @@
 #!/usr/bin/env bash
-# Verify the caps on a real GPU node, with the HAMi-core clusters run today (built unmodified from
-# its public source) and the preload library, as an operator would: processes started with an
-# EMPTY environment (`env -i`, as an SSH login, `su -`, `sudo` or cron starts one), the limits file
-# read-only at /overrideEnv, the preload list at /etc/ld.so.preload.
+# Verify the caps on a real GPU node, with HAMi-core as clusters run it today (an unmodified
+# libvgpu.so, prebuilt: this repository neither carries nor builds HAMi-core) and the preload
+# library, as an operator would: processes started with an EMPTY environment (`env -i`, as an SSH
+# login, `su -`, `sudo` or cron starts one), the limits file read-only at /overrideEnv, the preload
+# list at /etc/ld.so.preload; then the per-container folder exactly as a container gets it (root's
+# 0755, usage.cache pre-created root's 0666) shared by root and an unprivileged user.
 #
-#   sudo tests/gpu/run.sh --bin DIR --hami-core-src DIR [--hook DIR] [--report FILE]
-#   sudo tests/gpu/run.sh --bin DIR --hami-core-lib libvgpu.so ...
+#   sudo tests/gpu/run.sh --bin DIR --hami-core-lib FILE [--hook DIR] [--report FILE]
 #
 #   --bin DIR            holds hami-device-plugin, hami-webhook and libhami_preload.so (the shipped
 #                        artifact from scripts/build-preload)
-#   --hami-core-src DIR  a checkout of github.com/Project-HAMi/HAMi-core, built here as its build.sh
-#                        does (Debug: a Release build with hidden visibility interposes nothing)
-#   --hami-core-lib F    an already built libvgpu.so (e.g. copied out of HAMi's image) instead
+#   --hami-core-lib F    a built libvgpu.so (HAMi's image carries one as
+#                        /k8s-vgpu/lib/nvidia/libvgpu.so.<version>; a Release build with hidden
+#                        visibility interposes nothing, see docs/design.md)
 #   --hook DIR           scratch hook path (default: a new temporary folder); never /usr/local
 #   --report FILE        also write the result table (Markdown) there
 #   HAMI_LIMITS_REV=...  the hami-limits revision to name in the report (default: git HEAD)
+#   HAMI_CORE_REV=...    the HAMi-core revision to name in the report (default: the file's name)
 #   HAMI_PRELOAD_BEFORE=F  an older libhami_preload.so for the per-exec cost table (optional)
 #   BENCH_RUNS, BENCH_N  rounds and execs per round of the per-exec cost (default 5 and 2000)
 #
-# Needs root, nvidia-smi, nvcc (for the probe), cc, cmake (for --hami-core-src), unshare, mount,
-# mknod and python3.
-# Nothing global is left changed: every case runs in a private mount namespace where the files are
-# bind-mounted; empty mount points /overrideEnv and /etc/ld.so.preload are created only when absent
-# and removed at the end, and so is a loader-cache entry for the driver's folder when one is needed.
+# Needs root, nvidia-smi, nvcc (for the probe), cc, unshare, mount, mknod and python3.
+# Nothing global is left changed but /tmp/vgpulock, which plan --write makes as the plugin does
+# (root's 0755 with root's 0666 `lock`): every case runs in a private mount namespace where the
+# files are bind-mounted; empty mount points /overrideEnv and /etc/ld.so.preload are created only
+# when absent and removed at the end, and so is a loader-cache entry for the driver's folder when
+# one is needed.
 # Exit status: 0 when every case gave the expected answer, 1 otherwise.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-bin="" hami_src="" hami_lib="" hook="" report=""
+bin="" hami_lib="" hook="" report=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bin) bin=$2; shift 2;;
-    --hami-core-src) hami_src=$2; shift 2;;
     --hami-core-lib) hami_lib=$2; shift 2;;
     --hook) hook=$2; shift 2;;
     --report) report=$2; shift 2;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 64;;
   esac
 done
 die() { echo "run.sh: $*" >&2; exit 2; }
 abs() { case "$1" in /*) printf '%s' "$1";; *) printf '%s/%s' "$PWD" "$1";; esac; }
 [ -z "$bin" ] || bin=$(abs "$bin")
-[ -z "$hami_src" ] || hami_src=$(abs "$hami_src")
 [ -z "$hami_lib" ] || hami_lib=$(abs "$hami_lib")
 [ -z "$hook" ] || hook=$(abs "$hook")
 [ "$(id -u)" = 0 ] || die "needs root (mount namespaces, bind mounts)"
@@ -50,9 +51,12 @@ abs() { case "$1" in /*) printf '%s' "$1";; *) printf '%s/%s' "$PWD" "$1";; esac
 for f in hami-device-plugin hami-webhook libhami_preload.so; do
   [ -f "$bin/$f" ] || die "$bin/$f missing"
 done
-[ -n "$hami_src$hami_lib" ] || die "give --hami-core-src DIR or --hami-core-lib FILE"
+[ -n "$hami_lib" ] || die "--hami-core-lib FILE (a built libvgpu.so) is required"
+[ -f "$hami_lib" ] || die "$hami_lib missing"
 command -v nvidia-smi >/dev/null || die "nvidia-smi not found"
 work=$(mktemp -d /tmp/hami-gpu-test.XXXXXX)
+# An unprivileged user runs the probe from here (the per-container folder cases).
+chmod 0755 "$work"
 [ -n "$hook" ] || hook="$work/hook"
 case "$hook" in /usr/local|/usr/local/) die "use a scratch --hook, not the node's real /usr/local";; esac
 mkdir -p "$hook"
@@ -69,25 +73,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# --- HAMi-core, unmodified -------------------------------------------------------------------
+# --- HAMi-core, unmodified, prebuilt ----------------------------------------------------------
 cuda=${CUDA_HOME:-/usr/local/cuda}
-if [ -z "$hami_lib" ]; then
-  echo "== building HAMi-core from $hami_src (as its build.sh does, Debug)"
-  rm -rf "$work/hami-build"; mkdir -p "$work/hami-build"
-  ( cd "$work/hami-build" &&
-    LIBRARY_PATH="$cuda/lib64/stubs:${LIBRARY_PATH:-}" cmake "$hami_src" \
-      -DDLSYM_HOOK_ENABLE=1 -DMULTIPROCESS_LIMIT_ENABLE=1 -DHOOK_MEMINFO_ENABLE=1 \
-      -DHOOK_NVML_ENABLE=1 -DCMAKE_BUILD_TYPE=Debug -DTEST_DEVICE_ID=0 \
-      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 >"$work/cmake.log" 2>&1 &&
-    LIBRARY_PATH="$cuda/lib64/stubs:${LIBRARY_PATH:-}" make -j"$(nproc)" vgpu >"$work/make.log" 2>&1 ) \
-    || { tail -n 30 "$work/cmake.log" "$work/make.log" >&2; die "HAMi-core build failed"; }
-  hami_lib=$(find "$work/hami-build" -name libvgpu.so -type f | head -n 1)
-  [ -n "$hami_lib" ] || die "the HAMi-core build produced no libvgpu.so"
-  if [ -d "$hami_src/.git" ]; then hami_rev=$(git -C "$hami_src" rev-parse --short HEAD)
-  else hami_rev=$(cat "$hami_src/REVISION" 2>/dev/null || echo unknown); fi
-else
-  hami_rev="prebuilt $(basename "$hami_lib")"
-fi
+hami_rev=${HAMI_CORE_REV:-"prebuilt $(basename "$hami_lib")"}
 
 # --- install-hook, from a folder laid out as HAMi's image since v2.5 (libvgpu.so.<version>) ---
 mkdir -p "$work/hami-image"
@@ -140,18 +128,23 @@ PY
 }
 kai_file "$repo/examples/kai-gpu-memory-pod.yaml" > "$work/kai-memory.limits"
 kai_file "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-fraction.limits"
-# The per-node cap: a gpu-fraction 0.5 pod admitted in a cluster whose smallest card has 80 GiB
-# (81,920 MiB: the admission-time cap is 40,960 MiB), running on this node, whose GPU install-hook
-# described from NVML in node-gpus. The preload library then caps it at half of *this* card.
-sed 's/gpu-fraction: "0.021"/gpu-fraction: "0.5"/' "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-half-pod.yaml"
-kai_file "$work/kai-half-pod.yaml" 81920 > "$work/kai-half.limits"
-grep -q '^HAMI_GPU_FRACTION=0.5$' "$work/kai-half.limits" || die "the webhook wrote no HAMI_GPU_FRACTION for the 0.5 pod"
 [ -f "$vgpu/node-gpus" ] || die "install-hook published no $vgpu/node-gpus (NVML)"
 echo "-- $vgpu/node-gpus:"; cat "$vgpu/node-gpus"
 node_mib=$(sed -n 's/^NVIDIA0_MIB=//p' "$vgpu/node-gpus")
 smi_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
 [ "$node_mib" = "$smi_mib" ] || die "node-gpus says $node_mib MiB for minor 0, nvidia-smi $smi_mib MiB"
 half=$((node_mib / 2))
+# The fraction file's cap on this card (0.021 x its VRAM: 3019 MiB on an H200, 1712 on an H100).
+frac_mib=$(sed -n 's/^CUDA_DEVICE_MEMORY_LIMIT=\([0-9]*\)m$/\1/p' "$work/kai-fraction.limits")
+[ -n "$frac_mib" ] || die "no CUDA_DEVICE_MEMORY_LIMIT in the gpu-fraction file"
+# The per-node cap: a gpu-fraction 0.5 pod admitted in a cluster whose smallest card has half this
+# card's VRAM (the admission-time cap is a quarter of this card), running on this node, whose GPU
+# install-hook described from NVML in node-gpus. The preload library then caps it at half of
+# *this* card: granted above the admission-time cap, refused above half.
+basis=$((node_mib / 2)) admit_mib=$((node_mib / 4))
+sed 's/gpu-fraction: "0.021"/gpu-fraction: "0.5"/' "$repo/examples/kai-gpu-fraction-pod.yaml" > "$work/kai-half-pod.yaml"
+kai_file "$work/kai-half-pod.yaml" "$basis" > "$work/kai-half.limits"
+grep -q '^HAMI_GPU_FRACTION=0.5$' "$work/kai-half.limits" || die "the webhook wrote no HAMI_GPU_FRACTION for the 0.5 pod"
 # The same file with the node file out of reach: the admission-time cap stands.
 sed "s|^HAMI_NODE_GPUS=.*|HAMI_NODE_GPUS=$work/no-such-node-gpus|" "$work/kai-half.limits" > "$work/kai-half-no-node.limits"
 { echo "this first line has no equals sign"; cat "$work/kai-memory.limits"; } > "$work/hand-edited.limits"
@@ -234,11 +227,11 @@ for api in runtime driver; do
   run_case "KAI gpu-memory file" "$work/kai-memory.limits" "$full" ld.so.preload granted $api 2048
   run_case "KAI gpu-memory file, spoofed indexed variable" "$work/kai-memory.limits" "$full" ld.so.preload refused $api 4096 CUDA_DEVICE_MEMORY_LIMIT_0=16g
   run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload refused $api 4096
-  run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload granted $api 2048
-  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time 40960)" "$work/kai-half.limits" "$full" ld.so.preload granted $api 60000
-  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time 40960)" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000))
+  run_case "KAI gpu-fraction file" "$work/kai-fraction.limits" "$full" ld.so.preload granted $api $((frac_mib / 2))
+  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time $admit_mib)" "$work/kai-half.limits" "$full" ld.so.preload granted $api $((half - 1000))
+  run_case "KAI gpu-fraction 0.5, per-node cap ($half MiB of node-gpus' $node_mib; admission-time $admit_mib)" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000))
   run_case "KAI gpu-fraction 0.5, per-node cap, spoofed variables" "$work/kai-half.limits" "$full" ld.so.preload refused $api $((half + 1000)) CUDA_DEVICE_MEMORY_LIMIT=140g NVIDIA_VISIBLE_DEVICES=all
-  run_case "KAI gpu-fraction 0.5, node file out of reach: admission-time cap" "$work/kai-half-no-node.limits" "$full" ld.so.preload refused $api 60000
+  run_case "KAI gpu-fraction 0.5, node file out of reach: admission-time cap" "$work/kai-half-no-node.limits" "$full" ld.so.preload refused $api $((half - 1000))
   run_case "first line without =, hand-edited" "$work/hand-edited.limits" "$full" ld.so.preload refused $api 4096
   run_case "HAMi file" "$hami_file" "$full" LD_PRELOAD refused $api 4096
   run_case "HAMi file" "$hami_file" "$full" LD_PRELOAD granted $api 2048
@@ -260,6 +253,95 @@ with_files "$hami_file" "$full" env -i "$smi_bin" --query-gpu=memory.used,memory
 smi=$(grep MiB "$work/case.out" | tail -n 1)
 rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
 
+# --- the per-container folder, as a container has it -----------------------------------------
+# plan --write makes <hook>/vgpu/containers/<podUID>_<ctr> as Allocate does: root's 0755 with
+# usage.cache (the HAMi file's CUDA_DEVICE_MEMORY_SHARED_CACHE) pre-created, root's 0666, empty.
+# in_ctr binds it at <hook>/vgpu as kubelet does, HAMi-core's and the preload library's files on
+# top (their mount points made by root, as runc makes them), and runs the command as root or as
+# nobody (65534, no groups): every process of the container shares that one region.
+ctr_dir=${hami_file%.limits}
+stage="$work/stage"; mkdir -p "$stage"
+fresh_ctr() { # a new allocation: the folder recreated, the region empty again
+  "$bin/hami-device-plugin" plan --pod "$repo/examples/hami-pod-scheduled.yaml" --node gpu-0 \
+    --hook-path "$hook" --write > /dev/null
+}
+in_ctr() { # USER CMD...
+  local who=$1; shift
+  unshare --mount -- /bin/sh -c '
+    vgpu=$1 ctr=$2 stage=$3 file=$4 who=$5; shift 5
+    # The limits file first: it lives under the folder the container folder is bound over.
+    mount --bind "$file" /overrideEnv || exit 97
+    mount -o remount,bind,ro /overrideEnv 2>/dev/null || true
+    mount --bind "$vgpu" "$stage" || exit 97
+    mount --bind "$ctr" "$vgpu" || exit 97
+    for f in libvgpu.so libhami_preload.so; do
+      [ -e "$vgpu/$f" ] || : > "$vgpu/$f" || exit 97
+      mount --bind "$stage/$f" "$vgpu/$f" || exit 97
+    done
+    # Last: from here on every exec preloads the list, whose files are now in place.
+    mount --bind "$stage/ld.so.preload" /etc/ld.so.preload || exit 97
+    [ "$who" = root ] && exec "$@"
+    command -v setpriv >/dev/null && exec setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"
+    exec python3 -c "import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); os.execvp(sys.argv[1], sys.argv[1:])" "$@"
+  ' sh "$vgpu" "$ctr_dir" "$stage" "$hami_file" "$who" "$@"
+}
+frows=()
+fcheck() { # NAME WHO EXPECTED GOT [DETAIL]
+  local verdict=ok
+  if [ "$3" != "$4" ]; then verdict="**UNEXPECTED**"; failures=$((failures + 1)); fi
+  frows+=("| $1 | $2 | $3 | $4 | ${5:-} | $verdict |")
+  echo "$1 / $2 -> $4 ${5:-} (expected $3) [$verdict]"
+}
+probe_line() { grep -E '^(granted|refused|error) ' "$1" | tail -n 1; }
+fprobe() { # NAME WHO EXPECT API MIB: one probe with an empty environment in the container
+  in_ctr "$2" env -i "$work/probe" "$4" "$5" > "$work/case.out" 2>&1 || true
+  local out; out=$(probe_line "$work/case.out" || true); [ -n "$out" ] || out=$(tail -n 1 "$work/case.out")
+  fcheck "$1: $4 API asks $5 MiB" "$2" "$3" "${out%% *}" "${out#* }"
+}
+fjoint() { # HOLDER ASKER MIB EXPECT: HOLDER holds 1000 MiB while ASKER asks MIB
+  in_ctr "$1" env -i "$work/probe" runtime 1000 12 > "$work/hold.out" 2>&1 &
+  local holder=$! i
+  for i in $(seq 1 120); do grep -qE '^(granted|refused|error) ' "$work/hold.out" && break; sleep 0.25; done
+  fprobe "$1 holds 1000 MiB ($(probe_line "$work/hold.out" | cut -d' ' -f1,3)); meanwhile" "$2" "$4" runtime "$3"
+  wait "$holder" 2>/dev/null || true
+}
+echo "== the per-container folder (root's 0755, usage.cache pre-created), root and nobody"
+fresh_ctr
+fcheck "the folder (uid mode type)" - "0 755 directory" "$(stat -c '%u %a %F' "$ctr_dir")"
+fcheck "usage.cache after Allocate (uid mode type size links)" - "0 666 regular empty file 0 1" \
+  "$(stat -c '%u %a %F %s %h' "$ctr_dir/usage.cache")"
+fcheck "/tmp/vgpulock and its lock (uid mode type)" - "0 755 directory; 0 666 regular empty file" \
+  "$(stat -c '%u %a %F' /tmp/vgpulock); $(stat -c '%u %a %F' /tmp/vgpulock/lock)"
+fprobe "nobody first: initialises the pre-created region" nobody refused runtime 4096
+fprobe "root after nobody, same region" root granted runtime 2048
+fprobe "root after nobody, same region" root refused driver 4096
+fresh_ctr
+fprobe "root first" root refused runtime 4096
+fprobe "nobody after root, same region" nobody granted driver 2048
+fprobe "nobody after root, same region" nobody refused driver 4096
+fresh_ctr
+fjoint root nobody 1500 refused
+fjoint root nobody 300 granted
+fresh_ctr
+fjoint nobody root 1500 refused
+fjoint nobody root 300 granted
+fcheck "usage.cache after use (uid mode type links)" - "0 666 regular file 1" \
+  "$(stat -c '%u %a %F %h' "$ctr_dir/usage.cache")"
+fcheck "the folder's entries (HAMi-core made none)" - "libhami_preload.so libvgpu.so usage.cache" \
+  "$(ls "$ctr_dir" | sort | tr '\n' ' ' | sed 's/ $//')"
+# What a user of the container tries on the region: replace it with a link, remove it, add a file.
+# (Before, with the folder 0777, the first of these made root's next CUDA process create a
+# root-owned 0666 file wherever the link pointed.)
+tenant=$(in_ctr nobody /bin/sh -c "
+  ln -sf /tmp/planted $vgpu/usage.cache 2>/dev/null && echo linked || echo link-refused
+  rm -f $vgpu/usage.cache 2>/dev/null && echo removed || echo remove-refused
+  touch $vgpu/new.cache 2>/dev/null && echo created || echo create-refused" 2>&1 | tr '\n' ' ' | sed 's/ $//' || true)
+fcheck "nobody: ln -sf usage.cache, rm usage.cache, create new.cache" nobody \
+  "link-refused remove-refused create-refused" "$tenant"
+# Old HAMi-core (before 2026-02) opens /tmp/vgpulock/lock O_CREAT|O_RDWR and flocks it, as any UID.
+lockres=$(in_ctr nobody python3 -c "import os, fcntl; fd = os.open('/tmp/vgpulock/lock', os.O_CREAT | os.O_RDWR, 0o666); fcntl.flock(fd, fcntl.LOCK_EX); print('locked')" 2>&1 | tail -n 1 || true)
+fcheck "nobody: open /tmp/vgpulock/lock O_CREAT + O_RDWR, flock" nobody locked "$lockres"
+
 # --- per-exec cost: a plain exec, an empty library, ours, libvgpu.so alone, both --------------
 echo "== per-exec cost (bench/preload/run.sh)"
 LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
@@ -268,7 +350,7 @@ LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   || { tail -n 20 "$work/preload-bench.log" >&2; echo "(bench/preload/run.sh failed: see above)" > "$work/preload-bench.md"; failures=$((failures + 1)); }
 
 {
-  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified, Debug); hami-limits ${HAMI_LIMITS_REV:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified); hami-limits ${HAMI_LIMITS_REV:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   echo
   echo "Every process started with \`env -i\`; the limits file read-only at /overrideEnv; \"alone\" = /etc/ld.so.preload lists only libvgpu.so (no preload library)."
   echo
@@ -279,7 +361,15 @@ LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   echo "Largest single cudaMalloc under the HAMi file's 3000 MiB cap: $largest MiB (HAMi-core counts the CUDA context against the cap)."
   echo "nvidia-smi under the same file (memory.used, memory.total): $smi."
   echo
-  echo "The per-node cap: install-hook wrote \`NVIDIA0_MIB=$node_mib\` into node-gpus from NVML (nvidia-smi: $smi_mib MiB); a 0.5 pod admitted against an 81,920 MiB card (40,960 MiB) is capped at floor(0.5 x $node_mib) = $half MiB on this H200, from an empty environment."
+  echo "The per-node cap: install-hook wrote \`NVIDIA0_MIB=$node_mib\` into node-gpus from NVML (nvidia-smi: $smi_mib MiB); a 0.5 pod admitted against a $basis MiB card ($admit_mib MiB) is capped at floor(0.5 x $node_mib) = $half MiB on this GPU, from an empty environment."
+  echo
+  echo "### The per-container folder as a container has it (root and nobody, one region)"
+  echo
+  echo "The folder bound at the hook's vgpu folder, HAMi-core's and the preload library's files on top, the HAMi file at /overrideEnv; every probe with \`env -i\`; nobody = UID/GID 65534, no groups. \"holds\" = a probe holding 1000 MiB meanwhile (the cap is 3000 MiB, each CUDA context counted)."
+  echo
+  echo "| check | user | expected | got | detail | |"
+  echo "|---|---|---|---|---|---|"
+  printf '%s\n' "${frows[@]}"
   echo
   sed 's/^# /### /' "$work/preload-bench.md"
 } > "$work/report.md"

@@ -135,10 +135,18 @@ async fn file_mode_end_to_end() {
     assert_eq!(meta.permissions().mode() & 0o7777, 0o644);
     assert_eq!(meta.uid(), own_uid(h.dir.path()));
     assert_check_clean(&bytes);
-    // The per-container directory, usable by any UID in the container.
-    let dmeta = std::fs::metadata(&dir).unwrap();
+    // The per-container directory: the plugin's, not writable by the container's users (none of
+    // them can replace the region with a link), with HAMi-core's region file pre-created, empty,
+    // open to every UID.
+    let dmeta = std::fs::symlink_metadata(&dir).unwrap();
     assert!(dmeta.is_dir());
-    assert_eq!(dmeta.permissions().mode() & 0o7777, 0o777);
+    assert_eq!(dmeta.permissions().mode() & 0o7777, 0o755);
+    assert_eq!(dmeta.uid(), own_uid(h.dir.path()));
+    let cache = std::fs::symlink_metadata(dir.join("usage.cache")).unwrap();
+    assert!(cache.is_file());
+    assert_eq!(cache.len(), 0);
+    assert_eq!(cache.permissions().mode() & 0o7777, 0o666);
+    assert_eq!(cache.uid(), own_uid(h.dir.path()));
     assert_eq!(
         names(&h.containers_dir()),
         [format!("{uid}_trainer"), format!("{uid}_trainer.limits")]
@@ -616,7 +624,8 @@ async fn a_lock_naming_another_pod_is_left_alone() {
 /// that ran HAMi): HAMi-core is found under HAMi's name, but the container's preload pair needs
 /// `libhami_preload.so`, which HAMi does not install: the allocation fails, naming the path and
 /// what installs it, instead of starting a container whose `/etc/ld.so.preload` names a file it
-/// does not have. Our layout restored, the next pod is served, and the host's lock folder is 0777.
+/// does not have. Our layout restored, the next pod is served, and the host's lock folder is the
+/// plugin's 0755 holding HAMi-core's `lock`, 0666.
 #[tokio::test]
 async fn hamis_hook_layout_is_refused_loudly_and_ours_is_served() {
     let h = Harness::start(|hook| AllocationSettings {
@@ -679,8 +688,12 @@ async fn hamis_hook_layout_is_refused_loudly_and_ours_is_served() {
         "{:?}",
         response.mounts
     );
-    // HAMi-core's lock folder, the host's /tmp/vgpulock, as HAMi leaves it.
-    let lock = std::fs::metadata("/tmp/vgpulock").unwrap();
+    // HAMi-core's lock folder, the host's /tmp/vgpulock: not writable by containers (HAMi makes
+    // it 0777); HAMi-core's lock file pre-created for every UID.
+    let lock = std::fs::symlink_metadata("/tmp/vgpulock").unwrap();
     assert!(lock.is_dir());
-    assert_eq!(lock.permissions().mode() & 0o7777, 0o777);
+    assert_eq!(lock.permissions().mode() & 0o7777, 0o755);
+    let file = std::fs::symlink_metadata("/tmp/vgpulock/lock").unwrap();
+    assert!(file.is_file());
+    assert_eq!(file.permissions().mode() & 0o7777, 0o666);
 }

@@ -180,6 +180,10 @@ pub fn remove_garbage(
     for (entry, kind) in select_garbage(entries, live_pod_uids, grace) {
         let path = dir.join(&entry.name);
         let result = match kind {
+            // The folder was mounted read-write in a container: whatever links its processes
+            // left in it are removed as links, never followed. std's remove_dir_all guarantees
+            // it on Linux (openat(O_NOFOLLOW) and unlinkat under the folder's descriptor, the
+            // CVE-2022-21658 fix); `containers/` itself is root's.
             EntryKind::Directory => fs::remove_dir_all(&path),
             EntryKind::LimitsFile => fs::remove_file(&path),
         };
@@ -406,6 +410,49 @@ mod tests {
             scan(&dir.join("missing"), SystemTime::now())
                 .unwrap()
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn removal_never_follows_a_containers_links() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(outside.join("sub")).unwrap();
+        fs::write(outside.join("secret"), "keep").unwrap();
+        fs::write(outside.join("sub/deep"), "keep").unwrap();
+        let dir = tmp.path().join("containers");
+        let dead = dir.join(format!("{UID2}_main"));
+        fs::create_dir_all(dead.join("nested")).unwrap();
+        // What a container's processes could leave in their (once 0777) folder.
+        symlink(outside.join("secret"), dead.join("usage.cache")).unwrap();
+        symlink(&outside, dead.join("escape")).unwrap();
+        symlink(outside.join("sub"), dead.join("nested/escape")).unwrap();
+        symlink("/", dead.join("root")).unwrap();
+        fs::set_permissions(dead.join("nested"), fs::Permissions::from_mode(0o777)).unwrap();
+        // A dead pod's name that is a link (to the outside folder): never collected.
+        symlink(&outside, dir.join(format!("{UID2}_other"))).unwrap();
+        let entries = scan(&dir, SystemTime::now() + Duration::from_secs(3600)).unwrap();
+        let report = remove_garbage(&dir, &entries, &HashSet::new(), Duration::from_secs(300));
+        assert_eq!(
+            report,
+            PassReport {
+                directories: 1,
+                files: 0,
+                errors: 0
+            }
+        );
+        assert!(!dead.exists());
+        assert_eq!(fs::read_to_string(outside.join("secret")).unwrap(), "keep");
+        assert_eq!(
+            fs::read_to_string(outside.join("sub/deep")).unwrap(),
+            "keep"
+        );
+        assert!(
+            fs::symlink_metadata(dir.join(format!("{UID2}_other")))
+                .unwrap()
+                .file_type()
+                .is_symlink()
         );
     }
 }

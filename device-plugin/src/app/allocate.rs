@@ -48,8 +48,9 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         collect_grace_s = collect.grace.as_secs_f64(),
         "allocation settings"
     );
-    // Once at start, what every HAMi-core allocation needs: the host's /tmp/vgpulock (0777, as
-    // HAMi makes it) and a hook folder with HAMi-core and a preload list it can honour.
+    // Once at start, what every HAMi-core allocation needs: the host's /tmp/vgpulock (root's 0755
+    // holding HAMi-core's `lock`, 0666; never followed if a link) and a hook folder with
+    // HAMi-core and a preload list it can honour.
     let lock = std::path::Path::new(hami_shared::names::VGPU_LOCK_PATH);
     if let Err(error) = executor::ensure_lock_dir(lock) {
         tracing::error!(%error, "HAMi-core's lock folder is not usable; every allocation will fail until it is");

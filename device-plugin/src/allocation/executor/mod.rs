@@ -25,6 +25,7 @@
 pub mod allocator;
 pub mod claims;
 pub mod disk;
+pub mod no_follow;
 pub mod pod_api;
 pub mod timing;
 
@@ -35,8 +36,8 @@ use tracing::instrument::WithSubscriber as _;
 
 pub use allocator::MAX_SELECT_ATTEMPTS;
 pub use disk::{
-    CONTAINER_DIR_MODE, DiskError, LOCK_DIR_MODE, Written, ensure_lock_dir, execute_plan,
-    sweep_containers_dir,
+    CONTAINER_DIR_MODE, DiskError, LOCK_DIR_MODE, LOCK_FILE_MODE, USAGE_CACHE_MODE, Written,
+    create_container_dir, ensure_lock_dir, execute_plan, sweep_containers_dir,
 };
 pub use timing::{AllocateTiming, TimingLog};
 
