@@ -394,6 +394,10 @@ fn hami_core_variables_in_the_spec_are_refused_direct_or_value_from() {
         ("CUDA_DISABLE_CONTROL", json!({"value": "true"})),
         ("CUDA_DISABLE_CONTROL", json!({"value": "false"})),
         ("CUDA_DISABLE_CONTROL", json!({"valueFrom": from})),
+        ("LIBVGPU_HOSTPID_BROKER", json!({"value": "1"})),
+        ("CUDA_REDIRECT", json!({"value": "/tmp/mine.so"})),
+        ("ACTIVE_OOM_KILLER", json!({"value": "false"})),
+        ("RECORD_KERNEL_INTERVAL", json!({"value": "1"})),
     ] {
         assert!(is_system_owned(name), "{name}");
         let mut entry = json!({"name": name});
@@ -416,12 +420,7 @@ fn hami_core_variables_in_the_spec_are_refused_direct_or_value_from() {
         }
         assert_eq!(got[0].reason(), "GpuContainerEnvRefused");
     }
-    for name in [
-        "LIBVGPU_HOSTPID_BROKER",
-        "CUDA_VISIBLE_DEVICES",
-        "HOME",
-        "CUDA_DEVICE_MEMORY",
-    ] {
+    for name in ["CUDA_VISIBLE_DEVICES", "HOME", "CUDA_DEVICE_MEMORY"] {
         assert!(!is_system_owned(name), "{name}");
         assert!(
             refusals(&json!({"env": [{"name": name, "value": "1"}]}), &settings).is_empty(),

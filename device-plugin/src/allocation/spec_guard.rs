@@ -17,8 +17,9 @@
 //!   or cover `/overrideEnv` and `/etc/ld.so.preload`). Unless the namespace is in
 //!   [`GuardSettings::privileged_namespaces`].
 //! - **env**: HAMi-core's variables (memory limits, SM limits, shared cache, oversubscription,
-//!   log level) and `CUDA_DISABLE_CONTROL`, literal or `valueFrom`: in `env` delivery kubelet
-//!   lets the spec's value win over `Allocate`'s. `CUDA_TASK_PRIORITY` and
+//!   log level, host-PID broker, `CUDA_REDIRECT`, `ACTIVE_OOM_KILLER`, `RECORD_KERNEL_INTERVAL`)
+//!   and `CUDA_DISABLE_CONTROL`, literal or `valueFrom`, the webhook's list: in `env` delivery
+//!   kubelet lets the spec's value win over `Allocate`'s. `CUDA_TASK_PRIORITY` and
 //!   `GPU_CORE_UTILIZATION_POLICY` are the webhook's to set: a value other than the one it sets
 //!   (from the priority limit, from `gpuCorePolicy`) is refused, except HAMi-core's default
 //!   priority `1` where no limit is set and the strictest policy `force`. Unless the namespace
@@ -33,12 +34,12 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::Path;
 
+use hami_shared::hami_core::is_system_variable;
 use hami_shared::mountpath::{Overlap, overlap, resolve};
 use hami_shared::names::{
     ENV_CUDA_DISABLE_CONTROL, ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY,
-    ENV_LIBVGPU_HOSTPID_BROKER, LD_SO_PRELOAD_PATH, OVERRIDE_ENV_PATH, VGPU_LOCK_PATH,
+    LD_SO_PRELOAD_PATH, OVERRIDE_ENV_PATH, VGPU_LOCK_PATH,
 };
-use hami_shared::preload::is_contract_variable;
 use hami_shared::values::{CorePolicy, TaskPriority};
 use k8s_openapi::api::core::v1::Container;
 use serde::Serialize;
@@ -191,18 +192,13 @@ impl SpecRefusal {
     }
 }
 
-/// Whether `name` is one of HAMi-core's variables the pod may never set (outside the allowed
-/// namespaces): every contract variable but those the webhook sets (checked against its value)
-/// and `LIBVGPU_HOSTPID_BROKER` (a user's choice that widens no cap), and `CUDA_DISABLE_CONTROL`.
+/// Whether `name` is one of the system's variables the pod may never set (outside the allowed
+/// namespaces): the webhook's list ([`hami_shared::hami_core::is_system_variable`]) but the two
+/// the webhook sets itself, checked against its value.
 pub fn is_system_owned(name: &str) -> bool {
-    name == ENV_CUDA_DISABLE_CONTROL
-        || (is_contract_variable(name.as_bytes())
-            && ![
-                ENV_CUDA_TASK_PRIORITY,
-                ENV_GPU_CORE_UTILIZATION_POLICY,
-                ENV_LIBVGPU_HOSTPID_BROKER,
-            ]
-            .contains(&name))
+    is_system_variable(name)
+        && name != ENV_CUDA_TASK_PRIORITY
+        && name != ENV_GPU_CORE_UTILIZATION_POLICY
 }
 
 /// What the spec guard needs to know about the container and its plan.
