@@ -34,12 +34,12 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::Path;
 
-use hami_shared::hami_core::is_system_variable;
 use hami_shared::mountpath::{Overlap, overlap, resolve};
 use hami_shared::names::{
     ENV_CUDA_DISABLE_CONTROL, ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY,
     LD_SO_PRELOAD_PATH, OVERRIDE_ENV_PATH, VGPU_LOCK_PATH,
 };
+use hami_shared::preload::is_system_variable;
 use hami_shared::values::{CorePolicy, TaskPriority};
 use k8s_openapi::api::core::v1::Container;
 use serde::Serialize;
@@ -193,7 +193,7 @@ impl SpecRefusal {
 }
 
 /// Whether `name` is one of the system's variables the pod may never set (outside the allowed
-/// namespaces): the webhook's list ([`hami_shared::hami_core::is_system_variable`]) but the two
+/// namespaces): the webhook's list ([`hami_shared::preload::is_system_variable`]) but the two
 /// the webhook sets itself, checked against its value.
 pub fn is_system_owned(name: &str) -> bool {
     is_system_variable(name)

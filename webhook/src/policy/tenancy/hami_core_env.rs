@@ -38,12 +38,12 @@ pub const SETTING: &str = "tenancy.allowHamiCoreEnvNamespaces";
 
 /// Variables HAMi-core reads (or the device plugin acts on) besides the contract's (one list
 /// with the device plugin's `Allocate` check).
-const OTHER_VARIABLES: [&str; 4] = hami_shared::hami_core::OTHER_SYSTEM_VARIABLES;
+const OTHER_VARIABLES: [&str; 4] = hami_shared::preload::OTHER_SYSTEM_VARIABLES;
 
 /// Whether a pod may not set `name` in a GPU container.
 #[must_use]
 pub fn is_protected(name: &str) -> bool {
-    hami_shared::hami_core::is_system_variable(name)
+    hami_shared::preload::is_system_variable(name)
 }
 
 /// Whether an `envFrom` source with `prefix` could produce a protected name: some protected name
