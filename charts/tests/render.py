@@ -117,6 +117,10 @@ SCENARIOS: dict[str, dict] = {
         }
     },
     "env-delivery": {"devicePlugin": {"limitDelivery": "env"}},
+    "allow-lists": {
+        "devicePlugin": {"allowPrivilegedNamespaces": ["trusted"]},
+        "webhook": {"tenancy": {"allowHamiCoreEnvNamespaces": ["hami-legacy", "research"]}},
+    },
     "per-node": {
         "devicePlugin": {
             "limitDelivery": "env",
@@ -276,6 +280,8 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("per-node unknown key", {"devicePlugin": {"nodeConfig": [{"name": "n1", "limitDelivry": "env"}]}}, "limitDelivry"),
     ("dynamic MIG spelled wrong", {"devicePlugin": {"nodeConfig": [{"name": "n1", "operatingmode": "MIG"}]}}, "operatingmode"),
     ("gpuCorePolicy in capitals", {"devicePlugin": {"gpuCorePolicy": "FORCE"}}, "gpuCorePolicy"),
+    ("allow-list entry not a namespace", {"devicePlugin": {"allowPrivilegedNamespaces": ["Team_A"]}}, "Team_A"),
+    ("allow-list not a list", {"devicePlugin": {"allowPrivilegedNamespaces": "trusted"}}, "allowPrivilegedNamespaces"),
     ("deviceSplitCount zero", {"devicePlugin": {"deviceSplitCount": 0}}, "deviceSplitCount"),
     ("libCudaLogLevel above 4", {"devicePlugin": {"libCudaLogLevel": 5}}, "libCudaLogLevel"),
     ("health checks spelt wrong", {"devicePlugin": {"disableHealthChecks": "none"}}, "disableHealthChecks"),

@@ -417,6 +417,9 @@ pub struct AllocateArgs {
     /// How containers learn their devices, under HAMi's names.
     #[command(flatten)]
     pub device_list: DeviceListArgs,
+    /// The operator's escape hatches from `Allocate`'s checks of a GPU container's spec.
+    #[command(flatten)]
+    pub guard: crate::allocation::spec_guard::GuardArgs,
 }
 
 #[cfg(test)]

@@ -35,8 +35,15 @@ spec:
       value: "true"
 "#;
 
+/// `plan` of [`POD`], whose namespace may set the HAMi-core variables it sets (as HAMi lets it).
 fn plan(dir: &Path, extra: &[&str]) -> std::process::Output {
-    std::fs::write(dir.join("pod.yaml"), POD).unwrap();
+    let mut args = vec!["--allow-hami-core-env-namespaces", "ml"];
+    args.extend_from_slice(extra);
+    plan_pod(dir, POD, &args)
+}
+
+fn plan_pod(dir: &Path, pod: &str, extra: &[&str]) -> std::process::Output {
+    std::fs::write(dir.join("pod.yaml"), pod).unwrap();
     Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
         .arg("plan")
         .arg("--pod")
@@ -216,6 +223,7 @@ fn plan_file(dir: &Path, text: &[u8], extra: &[&str]) -> std::process::Output {
     std::fs::write(&path, text).unwrap();
     Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
         .args(["plan", "--pod", path.to_str().unwrap(), "--node", "gpu-0"])
+        .args(["--allow-hami-core-env-namespaces", "ml"])
         .args(extra)
         .env_remove("HOOK_PATH")
         .env_remove("NODE_NAME")
@@ -354,7 +362,9 @@ fn plan_env(dir: &Path, env: &[(&str, &str)], extra: &[&str]) -> std::process::O
         .arg(dir.join("hook"))
         .args(extra)
         .env_remove("HAMI_DEVICE_CONFIG")
-        .env_remove("HAMI_NODE_CONFIG");
+        .env_remove("HAMI_NODE_CONFIG")
+        // The variable, as the chart sets it.
+        .env("HAMI_ALLOW_HAMI_CORE_ENV_NAMESPACES", "kube-system,ml");
     for name in [
         "DEVICE_LIST_STRATEGY",
         "DEVICE_ID_STRATEGY",
@@ -499,6 +509,53 @@ fn invalid_device_list_variables_are_refused_naming_key_value_and_forms() {
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(
         stderr.contains("DEVICE_ID_STRATEGY=index needs this node's GPUs"),
+        "{stderr}"
+    );
+}
+
+/// `plan` refuses what `Allocate` refuses, with the same message: here the container's own
+/// `CUDA_DISABLE_CONTROL` and `CUDA_TASK_PRIORITY` without a namespace allowed to set them, and
+/// a mount over the limits file; nothing is written.
+#[test]
+fn plan_refuses_what_allocate_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let out = plan_pod(dir, POD, &["--write"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("pod ml/train: container \"trainer\" refused: spec.containers[1].env[0] sets CUDA_TASK_PRIORITY (\"0\")")
+            && stderr.contains("spec.containers[1].env[1] sets CUDA_DISABLE_CONTROL (\"true\")")
+            && stderr.contains("--allow-hami-core-env-namespaces"),
+        "{stderr}"
+    );
+    assert!(!dir.join("hook").exists(), "nothing written");
+
+    let pod = POD.replace(
+        "    env:\n    - name: CUDA_TASK_PRIORITY\n      value: \"0\"\n    - name: CUDA_DISABLE_CONTROL\n      value: \"true\"\n",
+        "    volumeMounts:\n    - name: mine\n      mountPath: //overrideEnv/\n",
+    );
+    assert_ne!(pod, POD);
+    let out = plan_pod(dir, &pod, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("spec.containers[1].volumeMounts[0].mountPath=\"//overrideEnv/\" (cleaned /overrideEnv) is at the same path as /overrideEnv"),
+        "{stderr}"
+    );
+
+    // An entry this node cannot have scheduled: refused with --inventory.
+    std::fs::write(
+        dir.join("inventory.yaml"),
+        "- {uuid: GPU-a, name: x, memoryMib: 8000}\n- {uuid: GPU-b, index: 1, name: x, memoryMib: 2000}\n- {uuid: GPU-c, index: 2, name: x, memoryMib: 8000}\n",
+    )
+    .unwrap();
+    let inventory = dir.join("inventory.yaml").display().to_string();
+    let out = plan(dir, &["--inventory", &inventory]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("hami.io/vgpu-devices-to-allocate refused: entry 2 grants 3000 MiB on GPU \"GPU-b\", above the 2000 MiB it registers"),
         "{stderr}"
     );
 }

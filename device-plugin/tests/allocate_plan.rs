@@ -47,6 +47,15 @@ fn pod(
     .unwrap()
 }
 
+/// The default settings with the pods' namespace allowed to set HAMi-core's variables and
+/// `CUDA_DISABLE_CONTROL` in their spec, as HAMi lets every pod (these tests pin HAMi's
+/// behaviour; `allocate_guard.rs` tests the default refusal).
+fn hami() -> AllocationSettings {
+    let mut s = AllocationSettings::default();
+    s.guard.hami_core_env_namespaces.insert("ml".into());
+    s
+}
+
 fn one(env: serde_json::Value) -> Pod {
     pod(&[], &[("main", env)], json!({}))
 }
@@ -109,11 +118,7 @@ fn assert_file_clean(text: &str) {
 
 #[test]
 fn single_device_file_mode_is_exact() {
-    let p = plan(
-        &one(json!([])),
-        &[dev("GPU-aaa", 3000, 50)],
-        &AllocationSettings::default(),
-    );
+    let p = plan(&one(json!([])), &[dev("GPU-aaa", 3000, 50)], &hami());
     assert_eq!(p.container, "main");
     assert_eq!(p.slot, ContainerSlot::App(0));
     assert!(!p.mig);
@@ -166,7 +171,7 @@ fn multi_device_container() {
     let p = plan(
         &one(json!([])),
         &[dev("GPU-a", 4000, 30), dev("GPU-b", 8000, 60)],
-        &AllocationSettings::default(),
+        &hami(),
     );
     assert_eq!(p.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "4000m");
     assert_eq!(p.envs["CUDA_DEVICE_MEMORY_LIMIT_1"], "8000m");
@@ -204,7 +209,7 @@ fn init_containers_first_and_gpu_less_containers_skipped() {
         ],
         json!({"hami.io/vgpu-devices-to-allocate": annotation}),
     );
-    let plans = plan_pod(&p, &AllocationSettings::default(), Path::new(LIB)).unwrap();
+    let plans = plan_pod(&p, &hami(), Path::new(LIB)).unwrap();
     let got: Vec<(&str, ContainerSlot, usize, &str)> = plans
         .iter()
         .map(|p| {
@@ -234,20 +239,16 @@ fn init_containers_first_and_gpu_less_containers_skipped() {
         &[("main", json!([]))],
         json!({"hami.io/vgpu-devices-to-allocate": ";GPU-a,NVIDIA,1,1:;"}),
     );
-    let err = plan_pod(&bad, &AllocationSettings::default(), Path::new(LIB)).unwrap_err();
+    let err = plan_pod(&bad, &hami(), Path::new(LIB)).unwrap_err();
     assert!(
         matches!(err, PlanError::NoSuchContainer { entry: 1, .. }),
         "{err}"
     );
     // No annotation: nothing to plan.
     assert!(
-        plan_pod(
-            &one(json!([])),
-            &AllocationSettings::default(),
-            Path::new(LIB)
-        )
-        .unwrap()
-        .is_empty()
+        plan_pod(&one(json!([])), &hami(), Path::new(LIB))
+            .unwrap()
+            .is_empty()
     );
 }
 
@@ -255,13 +256,9 @@ fn init_containers_first_and_gpu_less_containers_skipped() {
 fn env_mode_has_the_same_variables_and_no_file() {
     let settings = AllocationSettings {
         global_delivery: Some(LimitDelivery::Env),
-        ..AllocationSettings::default()
+        ..hami()
     };
-    let file = plan(
-        &one(json!([])),
-        &[dev("GPU-a", 3000, 50)],
-        &AllocationSettings::default(),
-    );
+    let file = plan(&one(json!([])), &[dev("GPU-a", 3000, 50)], &hami());
     let env = plan(&one(json!([])), &[dev("GPU-a", 3000, 50)], &settings);
     assert_eq!(env.delivery.mode, LimitDelivery::Env);
     assert_eq!(env.delivery.source, DeliverySource::GlobalConfig);
@@ -320,7 +317,7 @@ fn each_resolution_source() {
         let settings = AllocationSettings {
             node_delivery: *node,
             global_delivery: *global,
-            ..AllocationSettings::default()
+            ..hami()
         };
         let plan = plan(&p, &[dev("GPU-a", 1000, 0)], &settings);
         let case = format!("{annotation:?} {node:?} {global:?}");
@@ -357,7 +354,7 @@ fn cuda_disable_control_drops_the_preload_mount_like_go_parse_bool() {
         let p = plan(
             &one(json!([{"name": "CUDA_DISABLE_CONTROL", "value": value}])),
             &[dev("GPU-a", 1000, 0)],
-            &AllocationSettings::default(),
+            &hami(),
         );
         assert_eq!(
             preload_pair(&p),
@@ -373,7 +370,7 @@ fn cuda_disable_control_drops_the_preload_mount_like_go_parse_bool() {
             json!([{"name": "CUDA_DISABLE_CONTROL", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
         ),
         &[dev("GPU-a", 1000, 0)],
-        &AllocationSettings::default(),
+        &hami(),
     );
     assert_eq!(preload_pair(&p), Some(true));
 }
@@ -384,7 +381,7 @@ fn memory_scaling_log_level_and_core_limit_switch() {
         memory_scaling: 1.5,
         lib_cuda_log_level: Some(3),
         disable_core_limit: true,
-        ..AllocationSettings::default()
+        ..hami()
     };
     let p = plan(
         &one(json!([{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}])),
@@ -402,11 +399,7 @@ fn memory_scaling_log_level_and_core_limit_switch() {
         "disableCoreLimit wins: {text}"
     );
     assert_file_clean(text);
-    let p = plan(
-        &one(json!([])),
-        &[dev("GPU-a", 1000, 25)],
-        &AllocationSettings::default(),
-    );
+    let p = plan(&one(json!([])), &[dev("GPU-a", 1000, 25)], &hami());
     assert!(!p.envs.contains_key("CUDA_OVERSUBSCRIBE"));
     assert!(!p.envs.contains_key("LIBCUDA_LOG_LEVEL"));
     assert!(!p.envs.contains_key("GPU_CORE_UTILIZATION_POLICY"));
@@ -415,7 +408,7 @@ fn memory_scaling_log_level_and_core_limit_switch() {
         &[dev("GPU-a", 1000, 25)],
         &AllocationSettings {
             memory_scaling: 1.0,
-            ..AllocationSettings::default()
+            ..hami()
         },
     );
     assert!(
@@ -435,7 +428,7 @@ fn spec_values_the_webhook_set_are_copied_into_the_file_only() {
             {"name": "OTHER", "value": "x"}
         ])),
         &[dev("GPU-a", 1000, 25)],
-        &AllocationSettings::default(),
+        &hami(),
     );
     let text = &p.limits_file.as_ref().unwrap().text;
     assert!(
@@ -453,7 +446,7 @@ fn spec_values_the_webhook_set_are_copied_into_the_file_only() {
     let p = plan(
         &one(json!([{"name": "CUDA_TASK_PRIORITY", "value": "high"}])),
         &[dev("GPU-a", 1000, 25)],
-        &AllocationSettings::default(),
+        &hami(),
     );
     assert!(
         !p.limits_file
@@ -476,7 +469,7 @@ fn static_mig_passes_through() {
     let p = plan(
         &one(json!([])),
         &[dev("MIG-4f5e6d7c-1111-2222-3333-444455556666", 10240, 0)],
-        &AllocationSettings::default(),
+        &hami(),
     );
     assert!(p.mig);
     assert_eq!(
@@ -495,7 +488,7 @@ fn static_mig_passes_through() {
 #[test]
 fn values_that_must_never_be_written() {
     let pod = one(json!([]));
-    let s = AllocationSettings::default();
+    let s = hami();
     // Zero memory means unlimited to HAMi-core.
     let err =
         plan_container(&pod, 0, &[dev("GPU-a", 0, 50)], Some(1), &s, Path::new(LIB)).unwrap_err();
@@ -549,7 +542,7 @@ fn pod_with_annotation(value: &str) -> Pod {
 
 #[test]
 fn names_are_validated_before_they_become_paths() {
-    let s = AllocationSettings::default();
+    let s = hami();
     let mut p = one(json!([]));
     for uid in [
         "",
@@ -584,7 +577,7 @@ fn device_count_must_match_the_request() {
         0,
         &[dev("GPU-a", 1, 0), dev("GPU-b", 1, 0)],
         Some(1),
-        &AllocationSettings::default(),
+        &hami(),
         Path::new(LIB),
     )
     .unwrap_err();
@@ -598,7 +591,7 @@ fn device_count_must_match_the_request() {
 fn hook_path_and_versioned_library() {
     let s = AllocationSettings {
         hook_path: "/opt/hami".into(),
-        ..AllocationSettings::default()
+        ..hami()
     };
     assert_eq!(
         s.libvgpu_host_path("2.10.0", true),
@@ -632,40 +625,22 @@ fn hook_path_and_versioned_library() {
 fn preload_list_and_preload_library_are_mounted_together_or_not_at_all() {
     let hook = AllocationSettings {
         hook_path: "/opt/hami".into(),
-        ..AllocationSettings::default()
+        ..hami()
     };
     let env_mode = AllocationSettings {
         global_delivery: Some(LimitDelivery::Env),
-        ..AllocationSettings::default()
+        ..hami()
     };
     let gpu = [dev("GPU-a", 1000, 10)];
     let mig = [dev("MIG-4f5e6d7c-1111-2222-3333-444455556666", 1000, 0)];
     let disabled = json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]);
     let enabled = json!([{"name": "CUDA_DISABLE_CONTROL", "value": "false"}]);
     for (what, settings, devices, env, expected) in [
-        (
-            "normal",
-            &AllocationSettings::default(),
-            &gpu,
-            json!([]),
-            true,
-        ),
+        ("normal", &hami(), &gpu, json!([]), true),
         ("env mode", &env_mode, &gpu, json!([]), true),
         ("hook path", &hook, &gpu, json!([]), true),
-        (
-            "control false",
-            &AllocationSettings::default(),
-            &gpu,
-            enabled,
-            true,
-        ),
-        (
-            "control disabled",
-            &AllocationSettings::default(),
-            &gpu,
-            disabled.clone(),
-            false,
-        ),
+        ("control false", &hami(), &gpu, enabled, true),
+        ("control disabled", &hami(), &gpu, disabled.clone(), false),
         (
             "control disabled, env mode",
             &env_mode,
@@ -673,20 +648,8 @@ fn preload_list_and_preload_library_are_mounted_together_or_not_at_all() {
             disabled.clone(),
             false,
         ),
-        (
-            "MIG",
-            &AllocationSettings::default(),
-            &mig,
-            json!([]),
-            false,
-        ),
-        (
-            "MIG, control disabled",
-            &AllocationSettings::default(),
-            &mig,
-            disabled,
-            false,
-        ),
+        ("MIG", &hami(), &mig, json!([]), false),
+        ("MIG, control disabled", &hami(), &mig, disabled, false),
     ] {
         let p = plan(&one(env), devices, settings);
         assert_eq!(preload_pair(&p), Some(expected), "{what}: {:?}", p.mounts);
@@ -759,7 +722,7 @@ fn plan_pod_mounts_the_preload_pair_per_container() {
         ])
         .encode()}),
     );
-    let plans = plan_pod(&p, &AllocationSettings::default(), Path::new(LIB)).unwrap();
+    let plans = plan_pod(&p, &hami(), Path::new(LIB)).unwrap();
     let got: Vec<(&str, Option<bool>)> = plans
         .iter()
         .map(|p| (p.container.as_str(), preload_pair(p)))
@@ -786,7 +749,7 @@ fn duplicated_env_entries_last_wins_and_unreadable_values_are_left_out() {
             {"name": "CUDA_TASK_PRIORITY", "value": "2"}
         ])),
         &[dev("GPU-a", 1000, 25)],
-        &AllocationSettings::default(),
+        &hami(),
     );
     let text = &p.limits_file.as_ref().unwrap().text;
     assert!(text.contains("CUDA_TASK_PRIORITY=2\n"), "{text}");
@@ -799,7 +762,7 @@ fn duplicated_env_entries_last_wins_and_unreadable_values_are_left_out() {
                 {"name": "CUDA_TASK_PRIORITY", "value": bad}
             ])),
             &[dev("GPU-a", 1000, 25)],
-            &AllocationSettings::default(),
+            &hami(),
         );
         let text = &p.limits_file.as_ref().unwrap().text;
         assert!(!text.contains("CUDA_TASK_PRIORITY"), "{bad:?}: {text}");

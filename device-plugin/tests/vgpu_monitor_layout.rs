@@ -130,10 +130,12 @@ fn dev(uuid: &str) -> ContainerDevice {
 }
 
 fn allocate(hook: &Path, pod: &Pod, entry: usize, devices: &[ContainerDevice]) -> AllocationPlan {
-    let settings = AllocationSettings {
+    let mut settings = AllocationSettings {
         hook_path: hook.to_path_buf(),
         ..AllocationSettings::default()
     };
+    // The `no-preload` container sets CUDA_DISABLE_CONTROL, as HAMi lets every pod.
+    settings.guard.hami_core_env_namespaces.insert("ml".into());
     let lib = hook.join("vgpu/libvgpu.so");
     let plan = plan_container(pod, entry, devices, Some(devices.len()), &settings, &lib).unwrap();
     execute_plan(&plan).unwrap();

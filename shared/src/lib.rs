@@ -32,6 +32,7 @@ pub mod container;
 pub mod hami_core;
 pub mod limits_file;
 pub mod manifest;
+pub mod mountpath;
 pub mod names;
 pub mod node_gpus;
 pub mod preload;

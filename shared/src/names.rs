@@ -194,6 +194,10 @@ pub const ENV_HAMI_METRICS_LISTEN: &str = "HAMI_METRICS_LISTEN";
 pub const ENV_HAMI_COLLECT_INTERVAL: &str = "HAMI_COLLECT_INTERVAL";
 /// `hami-device-plugin run --collect-grace`.
 pub const ENV_HAMI_COLLECT_GRACE: &str = "HAMI_COLLECT_GRACE";
+/// `hami-device-plugin run|plan --allow-privileged-namespaces`.
+pub const ENV_HAMI_ALLOW_PRIVILEGED_NAMESPACES: &str = "HAMI_ALLOW_PRIVILEGED_NAMESPACES";
+/// `hami-device-plugin run|plan --allow-hami-core-env-namespaces`.
+pub const ENV_HAMI_ALLOW_HAMI_CORE_ENV_NAMESPACES: &str = "HAMI_ALLOW_HAMI_CORE_ENV_NAMESPACES";
 /// `hami-webhook --config`: the webhook's settings file.
 pub const ENV_HAMI_WEBHOOK_CONFIG: &str = "HAMI_WEBHOOK_CONFIG";
 /// The webhook's `kai.perGpuVramMib` in the layered loader's form.

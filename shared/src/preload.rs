@@ -280,6 +280,27 @@ fn per_node(
     }
 }
 
+/// Variables HAMi-core reads (or the device plugin acts on) besides the limits-file contract's:
+/// `CUDA_DISABLE_CONTROL` (the device plugin's switch that leaves the preload list out),
+/// `CUDA_REDIRECT` (swaps the library HAMi-core's hooks resolve through), `ACTIVE_OOM_KILLER`,
+/// `RECORD_KERNEL_INTERVAL`.
+pub const OTHER_SYSTEM_VARIABLES: [&str; 4] = [
+    crate::names::ENV_CUDA_DISABLE_CONTROL,
+    crate::names::ENV_CUDA_REDIRECT,
+    crate::names::ENV_ACTIVE_OOM_KILLER,
+    crate::names::ENV_RECORD_KERNEL_INTERVAL,
+];
+
+/// Whether a pod may not set `name` in a GPU container unless an operator allows it: every
+/// contract variable ([`is_contract_variable`]) and
+/// [`OTHER_SYSTEM_VARIABLES`]. The webhook refuses them at admission, the device plugin at
+/// `Allocate` (both accept `CUDA_TASK_PRIORITY` and `GPU_CORE_UTILIZATION_POLICY` as the webhook
+/// sets them).
+#[must_use]
+pub fn is_system_variable(name: &str) -> bool {
+    is_contract_variable(name.as_bytes()) || OTHER_SYSTEM_VARIABLES.contains(&name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

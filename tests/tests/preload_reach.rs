@@ -109,6 +109,7 @@ fn hami_pods_get_the_list_and_the_library_through_allocate_mounts() {
             inventory: None,
             write: true,
             device_list: Default::default(),
+            guard: Default::default(),
         },
         std::env::vars(),
     )

@@ -209,8 +209,9 @@ fn hami_pod(name: &str, mib: u64, cores: u32) -> Value {
         name,
         json!({}),
         json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": mib, "nvidia.com/gpucores": cores}),
-        // The container's own value: what HAMi-core would read from the environment alone.
-        json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "16g"}]),
+        // No HAMi-core variable of its own: `Allocate` refuses a GPU container that sets one
+        // (tests/tests/allocate_refusals.rs).
+        json!([]),
     )
 }
 
@@ -386,10 +387,6 @@ fn assert_capped_inside(n: &Node, pod: &str, want: &[(&str, &str)]) {
                 "{pod}: {what}: {key} is not {value}:\n{out}"
             );
         }
-        assert!(
-            !out.contains("=16g"),
-            "{pod}: {what}: the container's own 16g survived:\n{out}"
-        );
     }
     // Read-only: not even root in the container can change it.
     let (code, _, err) = n.exec(

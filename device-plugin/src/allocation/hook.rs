@@ -351,11 +351,16 @@ mod tests {
             },
             ..Default::default()
         };
-        let settings = AllocationSettings::for_node(
+        let mut settings = AllocationSettings::for_node(
             &global,
             None,
             Path::new(hami_shared::names::DEFAULT_HOOK_PATH),
         );
+        // The plan without a preload list needs CUDA_DISABLE_CONTROL, allowed per namespace.
+        settings
+            .guard
+            .hami_core_env_namespaces
+            .insert("default".into());
         let devices = [ContainerDevice {
             uuid: "GPU-a".into(),
             kind: "NVIDIA".into(),

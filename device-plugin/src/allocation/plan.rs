@@ -30,7 +30,9 @@ use super::codec::{ContainerDevice, ContainerSlot, PodDevices};
 use super::container_response::mount;
 pub use super::container_response::{PlannedDeviceSpec, PlannedMount};
 use super::device_list::{self, DeviceListError, DeviceListSettings, NodeDevices};
+use super::entry_check::EntryError;
 use super::pod_lookup::pod::annotation;
+use super::spec_guard::{self, GuardInput, GuardSettings, SpecRefusal};
 
 /// Settings the plan depends on (the node's resolved device config).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -55,6 +57,13 @@ pub struct AllocationSettings {
     /// The node's devices (index, device nodes) by UUID, from the device table at start; needed
     /// only by `DEVICE_ID_STRATEGY=index` and `PASS_DEVICE_SPECS=true`.
     pub node_devices: NodeDevices,
+    /// `deviceCoreScaling`: a GPU registers 100 × this many cores (the entry check's bound).
+    pub core_scaling: f64,
+    /// `deviceSplitCount` (the dry run's entry check; `run` takes it from the device table).
+    pub split_count: u32,
+    /// What a GPU container's own spec may not do ([`spec_guard`]), and the operator's escape
+    /// hatches.
+    pub guard: GuardSettings,
 }
 
 impl Default for AllocationSettings {
@@ -87,6 +96,13 @@ impl AllocationSettings {
             global_delivery: nvidia.plugin.limit_delivery,
             device_list: DeviceListSettings::default(),
             node_devices: NodeDevices::default(),
+            core_scaling: nvidia.plugin.device_core_scaling,
+            split_count: nvidia.plugin.device_split_count,
+            guard: GuardSettings {
+                priority_resource: nvidia.admission.resource_priority_name.clone(),
+                core_policy: nvidia.admission.gpu_core_policy,
+                ..GuardSettings::default()
+            },
         }
     }
 
@@ -317,6 +333,28 @@ pub enum PlanError {
         /// What is missing.
         source: DeviceListError,
     },
+    /// The container's own spec would replace, hide or undo what the device plugin grants
+    /// (mounts, privilege, HAMi-core's variables): refused whether or not the webhook saw the pod.
+    #[error(
+        "pod {pod}: container {container:?} refused: {}",
+        join_refusals(refusals)
+    )]
+    Refused {
+        /// `namespace/name`.
+        pod: String,
+        /// Container name.
+        container: String,
+        /// Every refusal, in spec order (at least one).
+        refusals: Vec<SpecRefusal>,
+    },
+    /// The scheduler's entry cannot have come from HAMi's scheduler for this node.
+    #[error("pod {pod}: hami.io/vgpu-devices-to-allocate refused: {source}")]
+    Entry {
+        /// `namespace/name`.
+        pod: String,
+        /// What does not fit the node.
+        source: EntryError,
+    },
     /// The device annotation is malformed.
     #[error("pod {pod}: hami.io/vgpu-devices-to-allocate: {source}")]
     Codec {
@@ -325,6 +363,27 @@ pub enum PlanError {
         /// The decoding error.
         source: super::codec::CodecError,
     },
+}
+
+fn join_refusals(refusals: &[SpecRefusal]) -> String {
+    refusals
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl PlanError {
+    /// The reason of the Warning Event on the pod.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Refused { refusals, .. } => refusals
+                .first()
+                .map_or("GpuContainerRefused", SpecRefusal::reason),
+            Self::Entry { .. } => "GpuEntryRefused",
+            _ => "AllocationFailed",
+        }
+    }
 }
 
 /// `namespace/name`.
@@ -399,6 +458,27 @@ pub fn plan_container(
     libvgpu_host: &Path,
 ) -> Result<AllocationPlan, PlanError> {
     let target = Target::identify(pod, entry, devices, requested)?;
+    let mig = devices.iter().any(|d| is_mig_device(&d.uuid));
+    let spec_env = spec_env(target.container);
+    let preload = !control_disabled(&spec_env);
+    let refusals = spec_guard::check(
+        &GuardInput {
+            namespace: pod.metadata.namespace.as_deref().unwrap_or("default"),
+            slot: target.slot,
+            container: target.container,
+            vgpu_dir: &settings.vgpu_dir(),
+            mig,
+            preload,
+        },
+        &settings.guard,
+    );
+    if !refusals.is_empty() {
+        return Err(PlanError::Refused {
+            pod: target.pod,
+            container: target.name,
+            refusals,
+        });
+    }
     let mut warnings = Vec::new();
     let delivery = resolve_delivery(pod, settings, &mut warnings);
     let uuids: Vec<&str> = devices.iter().map(|d| d.uuid.as_str()).collect();
@@ -413,7 +493,6 @@ pub fn plan_container(
         container: target.name.clone(),
         source,
     })?;
-    let mig = devices.iter().any(|d| is_mig_device(&d.uuid));
     let mut plan = AllocationPlan {
         pod: target.pod.clone(),
         pod_uid: target.key.pod_uid().to_owned(),
@@ -436,7 +515,6 @@ pub fn plan_container(
         // Static MIG: the device list only; no HAMi-core variables, no file, no mounts.
         return Ok(plan);
     }
-    let spec_env = spec_env(target.container);
     let limits = hami_core_limits(&target, devices, settings, &spec_env, &mut plan)?;
     hami_core_mounts(
         &target,
@@ -540,6 +618,15 @@ fn resolve_delivery(
         mode: resolved.delivery,
         source: resolved.source,
     }
+}
+
+/// Whether the container's literal env sets `CUDA_DISABLE_CONTROL` true (HAMi then mounts no
+/// preload list); only reached in a namespace allowed to set it.
+fn control_disabled(spec_env: &[SpecEnv<'_>]) -> bool {
+    matches!(
+        spec_value(spec_env, ENV_CUDA_DISABLE_CONTROL),
+        SpecValue::Literal(v) if go_parse_bool_true(v)
+    )
 }
 
 /// The container's env entries in spec order (`valueFrom` has no literal value).
@@ -649,11 +736,7 @@ fn hami_core_mounts(
         mount(vgpu_dir.display().to_string(), &container_dir, false),
         mount(VGPU_LOCK_PATH, Path::new(VGPU_LOCK_PATH), false),
     ]);
-    let control_disabled = matches!(
-        spec_value(spec_env, ENV_CUDA_DISABLE_CONTROL),
-        SpecValue::Literal(v) if go_parse_bool_true(v)
-    );
-    if !control_disabled {
+    if !control_disabled(spec_env) {
         plan.mounts.extend(preload_mounts(&vgpu_dir));
     }
     if plan.delivery.mode == LimitDelivery::File {

@@ -21,6 +21,7 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
     )?;
     settings.device_list = ctx.device_list.clone();
     settings.node_devices = ctx.node_devices.clone();
+    ctx.allocate.guard.apply(&mut settings.guard);
     let collect = collector::CollectorSettings {
         interval: seconds("collect-interval", ctx.allocate.collect_interval)?,
         grace: seconds("collect-grace", ctx.allocate.collect_grace)?,
@@ -40,6 +41,9 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         device_list_strategy = ?settings.device_list.strategies.as_slice().iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         device_id_strategy = settings.device_list.id_strategy.as_str(),
         pass_device_specs = settings.device_list.pass_device_specs,
+        core_scaling = settings.core_scaling,
+        allow_privileged_namespaces = ?settings.guard.privileged_namespaces,
+        allow_hami_core_env_namespaces = ?settings.guard.hami_core_env_namespaces,
         collect_interval_s = collect.interval.as_secs_f64(),
         collect_grace_s = collect.grace.as_secs_f64(),
         "allocation settings"

@@ -47,6 +47,9 @@ pub struct PlanArgs {
     /// How containers learn their devices, as for `run`.
     #[command(flatten)]
     pub device_list: DeviceListArgs,
+    /// The namespaces exempt from parts of the spec checks, as for `run`.
+    #[command(flatten)]
+    pub guard: crate::allocation::spec_guard::GuardArgs,
 }
 
 /// What `plan` prints.
@@ -212,9 +215,11 @@ pub fn run_plan(
     )?;
     let (device_list, device_list_notes) = device_list_settings(&args.device_list)?;
     settings.device_list = device_list;
+    args.guard.apply(&mut settings.guard);
     if settings.device_list.needs_node_devices() {
         settings.node_devices = node_devices(args, &settings)?;
     }
+    let entry_note = check_entry(args, &pod, &settings)?;
     // HAMi-core as `Allocate` finds it (ours `libvgpu.so`, else HAMi's `libvgpu.so.<version>`).
     let hook = crate::allocation::hook::HookFolder::read(&settings.vgpu_dir());
     // As `Allocate` answers on this machine now: the host's optional device nodes and license.
@@ -224,7 +229,7 @@ pub fn run_plan(
         .into_iter()
         .map(|p| p.with_host(&host, &vgpu_dir))
         .collect();
-    let notes = if containers.is_empty() {
+    let mut notes = if containers.is_empty() {
         why_nothing_is_planned(&pod, &node)
     } else {
         // What `Allocate` would refuse on this machine's hook folder.
@@ -237,6 +242,9 @@ pub fn run_plan(
             })
             .collect()
     };
+    if !containers.is_empty() {
+        notes.extend(entry_note);
+    }
     let mut written = Vec::new();
     let mut removed_temporaries = 0;
     if args.write {
@@ -261,6 +269,48 @@ pub fn run_plan(
         notes,
         device_list_notes,
     })
+}
+
+/// `Allocate`'s check of the pod's entries against the node's GPUs, with `--inventory` (the
+/// split count and scaling from the device config); without it, a note that it was not made.
+fn check_entry(
+    args: &PlanArgs,
+    pod: &Pod,
+    settings: &AllocationSettings,
+) -> Result<Option<String>, DryRunError> {
+    use crate::allocation::codec::PodDevices;
+    use crate::allocation::entry_check::{NodeCapacity, check_pod};
+    let Some(value) = crate::allocation::pod_lookup::pod::annotation(
+        pod,
+        names::ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
+    ) else {
+        return Ok(None);
+    };
+    let Some(path) = &args.inventory else {
+        return Ok(Some(format!(
+            "{} not checked against the node's GPUs (pass --inventory to check it as Allocate does)",
+            names::ANNOTATION_VGPU_DEVICES_TO_ALLOCATE
+        )));
+    };
+    let key = crate::allocation::plan::pod_key(pod);
+    let devices = PodDevices::decode(value).map_err(|source| PlanError::Codec {
+        pod: key.clone(),
+        source,
+    })?;
+    let gpus = FileInventory::new(path)
+        .discover()
+        .map_err(|source| DryRunError::NodeDevices {
+            needed_by: "the entry check",
+            source,
+        })?;
+    let capacity = NodeCapacity::from_gpus(
+        &gpus,
+        settings.split_count,
+        settings.memory_scaling,
+        settings.core_scaling,
+    );
+    check_pod(&devices, &capacity).map_err(|source| PlanError::Entry { pod: key, source })?;
+    Ok(None)
 }
 
 /// The node's GPUs from `--inventory`, else NVML, as `run` reads them.

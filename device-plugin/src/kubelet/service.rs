@@ -2,6 +2,7 @@
 //! [`AllocateHandler`] (what a container gets on `Allocate`) and [`PendingPodDevices`] (which
 //! GPUs the HAMi scheduler chose for the pod being admitted, for `GetPreferredAllocation`).
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -23,6 +24,79 @@ pub trait AllocateHandler: Send + Sync + std::fmt::Debug + 'static {
         devices: &DeviceTable,
         request: v1beta1::AllocateRequest,
     ) -> Result<v1beta1::AllocateResponse, Status>;
+
+    /// [`Self::allocate`], told for each container request whether the `GetPreferredAllocation`
+    /// call just before it steered kubelet to exactly these device IDs from a pod's entry
+    /// ([`Steering::steered`]); a handler that checks kubelet's IDs against the entry overrides
+    /// it.
+    async fn allocate_steered(
+        &self,
+        devices: &DeviceTable,
+        _steered: Vec<bool>,
+        request: v1beta1::AllocateRequest,
+    ) -> Result<v1beta1::AllocateResponse, Status> {
+        self.allocate(devices, request).await
+    }
+}
+
+/// How long a `GetPreferredAllocation` answer is taken to be the one the next `Allocate` follows
+/// (kubelet calls `Allocate` right after it, under its device manager's lock).
+pub const STEERING_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What the last `GetPreferredAllocation` call answered, per container: the device IDs, and
+/// whether they are one share of each wanted GPU and nothing else (the answer was steered by the
+/// pending pod's entry, not filled from must-include or the first available devices). Taken by
+/// the next `Allocate`.
+#[derive(Debug, Default)]
+pub struct Steering {
+    last: std::sync::Mutex<Option<(std::time::Instant, Vec<BTreeSet<String>>)>>,
+}
+
+impl Steering {
+    /// Records the steered answers of one `GetPreferredAllocation` call.
+    pub fn record(&self, steered: Vec<BTreeSet<String>>) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some((std::time::Instant::now(), steered));
+        }
+    }
+
+    /// Takes the last record: for each container request, whether kubelet asks for exactly the
+    /// IDs of a steered answer.
+    pub fn steered(&self, request: &v1beta1::AllocateRequest) -> Vec<bool> {
+        let last = self.last.lock().ok().and_then(|mut l| l.take());
+        let answers = last
+            .filter(|(at, _)| at.elapsed() < STEERING_TTL)
+            .map(|(_, a)| a)
+            .unwrap_or_default();
+        request
+            .container_requests
+            .iter()
+            .map(|c| {
+                let ids: BTreeSet<String> = c.devices_ids.iter().cloned().collect();
+                !ids.is_empty() && answers.contains(&ids)
+            })
+            .collect()
+    }
+}
+
+/// Whether `answer` is exactly one device of each wanted GPU and nothing else (`whole`: an ID is
+/// the device's UUID, not `<uuid>-<share>`).
+pub fn is_steered(answer: &[String], wanted: &[String], whole: bool) -> bool {
+    let gpu = |id: &String| {
+        if whole {
+            Some(id.clone())
+        } else {
+            split_device_id(id).map(|(uuid, _)| uuid.to_owned())
+        }
+    };
+    let gpus: Vec<Option<String>> = answer.iter().map(gpu).collect();
+    let wanted_set: BTreeSet<&String> = wanted.iter().collect();
+    !wanted.is_empty()
+        && gpus.len() == wanted_set.len()
+        && gpus
+            .iter()
+            .all(|g| g.as_ref().is_some_and(|g| wanted_set.contains(g)))
+        && gpus.iter().collect::<BTreeSet<_>>().len() == gpus.len()
 }
 
 /// The handler used until the HAMi-core allocation is plugged in: checks that every device ID is
@@ -160,6 +234,8 @@ pub struct SharedState {
     pub allocate: Arc<dyn AllocateHandler>,
     /// The pending pod's GPUs for `GetPreferredAllocation`.
     pub pending: Arc<dyn PendingPodDevices>,
+    /// What the last `GetPreferredAllocation` steered, for the next `Allocate`.
+    pub steering: Steering,
 }
 
 impl SharedState {
@@ -181,6 +257,7 @@ impl SharedState {
             options,
             allocate,
             pending,
+            steering: Steering::default(),
         })
     }
 
@@ -290,7 +367,7 @@ impl DevicePlugin for DevicePluginService {
             Vec::new()
         });
         let whole = self.state.table.borrow().is_mig();
-        let container_responses = request
+        let container_responses: Vec<_> = request
             .container_requests
             .iter()
             .map(|c| v1beta1::ContainerPreferredAllocationResponse {
@@ -303,6 +380,13 @@ impl DevicePlugin for DevicePluginService {
                 ),
             })
             .collect();
+        self.state.steering.record(
+            container_responses
+                .iter()
+                .filter(|r| is_steered(&r.device_i_ds, &wanted, whole))
+                .map(|r| r.device_i_ds.iter().cloned().collect())
+                .collect(),
+        );
         Ok(Response::new(v1beta1::PreferredAllocationResponse {
             container_responses,
         }))
@@ -313,10 +397,12 @@ impl DevicePlugin for DevicePluginService {
         request: Request<v1beta1::AllocateRequest>,
     ) -> Result<Response<v1beta1::AllocateResponse>, Status> {
         let devices = self.state.table.borrow().clone();
+        let request = request.into_inner();
+        let steered = self.state.steering.steered(&request);
         let response = self
             .state
             .allocate
-            .allocate(&devices, request.into_inner())
+            .allocate_steered(&devices, steered, request)
             .await?;
         Ok(Response::new(response))
     }

@@ -21,6 +21,7 @@ use super::claims::{Claim, Claims, Selection};
 use super::disk::{Written, execute_plan, probe_host};
 use super::pod_api::PodApi;
 use super::timing::ALLOCATE_SPAN;
+use crate::allocation::entry_check::{self, NodeCapacity};
 use crate::allocation::hook::{HookError, HookFolder};
 use crate::allocation::plan::{
     AllocationPlan, AllocationSettings, PlanError, plan_container, pod_key,
@@ -30,6 +31,7 @@ use crate::allocation::pod_lookup::locator::{
     LocateTrips, Located, Source, locate_with, node_lock,
 };
 use crate::allocation::pod_lookup::pod::{lock_holder, lock_names};
+use crate::gpu::devices::DeviceTable;
 use crate::kubelet::api::v1beta1;
 use crate::metrics::{AllocateOutcome, Metrics};
 
@@ -44,6 +46,8 @@ struct Failure {
     status: Status,
     /// Event message (names the path and the error for disk failures).
     message: String,
+    /// Event reason.
+    reason: &'static str,
     kind: FailureKind,
 }
 
@@ -66,13 +70,17 @@ impl Failure {
         Self {
             status: status(message.clone()),
             message,
+            reason: REASON_ALLOCATION_FAILED,
             kind: FailureKind::Fail,
         }
     }
 
     fn plan(e: PlanError) -> Self {
         let message = format!("allocation failed: {e}");
-        Self::new(Status::failed_precondition, message)
+        Self {
+            reason: e.reason(),
+            ..Self::new(Status::failed_precondition, message)
+        }
     }
 
     fn disk(pod: &str, container: &str, e: &super::disk::DiskError) -> Self {
@@ -96,9 +104,24 @@ impl Failure {
     }
 }
 
+/// The Event reason of a failed allocation that is not a refusal of the pod's spec or entry.
+const REASON_ALLOCATION_FAILED: &str = "AllocationFailed";
+
 /// What the disk task hands back: the plans (with what the host said), and what was written or
 /// why not.
 type WrittenPlans = (Vec<AllocationPlan>, Result<Vec<Written>, Failure>);
+
+/// One `Allocate` call: kubelet's request, the advertised devices, and for each container
+/// request whether `GetPreferredAllocation` steered kubelet to exactly its device IDs.
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    /// kubelet's request.
+    pub request: &'a v1beta1::AllocateRequest,
+    /// The devices this plugin advertises.
+    pub table: &'a DeviceTable,
+    /// Per container request: steered (see [`crate::kubelet::service::Steering`]).
+    pub steered: &'a [bool],
+}
 
 /// The counters of one call, recorded on its `allocate` span when it ends.
 #[derive(Debug, Default)]
@@ -153,7 +176,7 @@ impl Core {
     /// The failure path: bind-phase failed, lock released, Event, error status.
     async fn fail(&self, located: &Located, failure: Failure, counts: &mut Counts) -> Status {
         let pod = located.pod();
-        tracing::error!(pod = %pod_key(pod), node = %self.node_name(), error = %failure.message, "allocation failed");
+        tracing::error!(pod = %pod_key(pod), node = %self.node_name(), reason = failure.reason, error = %failure.message, "allocation failed");
         counts.api_round_trips += 1;
         if let Err(error) = self
             .api
@@ -173,9 +196,7 @@ impl Core {
             }
         }
         counts.api_round_trips += 1;
-        self.api
-            .warn(pod, "AllocationFailed", &failure.message)
-            .await;
+        self.api.warn(pod, failure.reason, &failure.message).await;
         failure.status
     }
 
@@ -185,8 +206,9 @@ impl Core {
     fn plan_selection(
         &self,
         located: &Located,
-        request: &v1beta1::AllocateRequest,
+        call: &Call<'_>,
     ) -> Result<(Selection, String), Failure> {
+        let request = call.request;
         let pod = located.pod();
         let key = pod_key(pod);
         // Decoded once, by the locator; planning works on a copy (the pod stays as read).
@@ -205,12 +227,24 @@ impl Core {
             }
             Some(Ok(devices)) => devices.clone(),
         };
+        // Before anything is granted: could HAMi's scheduler have written this for this node?
+        let capacity = NodeCapacity::from_table(
+            call.table,
+            self.settings.memory_scaling,
+            self.settings.core_scaling,
+        );
+        entry_check::check_pod(&devices, &capacity).map_err(|source| {
+            Failure::plan(PlanError::Entry {
+                pod: key.clone(),
+                source,
+            })
+        })?;
         // The hook folder as it is now (a listing and ld.so.preload): which file is HAMi-core,
         // and whether each container gets every file its preload list names.
         let hook = HookFolder::read(&self.settings.vgpu_dir());
         let libvgpu = hook.libvgpu_host();
         let mut plans = Vec::with_capacity(request.container_requests.len());
-        for container in &request.container_requests {
+        for (i, container) in request.container_requests.iter().enumerate() {
             let Some((entry, wanted)) = devices.next_request() else {
                 let message = format!(
                     "allocation failed: pod {key} has no container left with an NVIDIA device in {ANNOTATION_VGPU_DEVICES_TO_ALLOCATE}"
@@ -226,6 +260,20 @@ impl Core {
                 &libvgpu,
             )
             .map_err(Failure::plan)?;
+            let steered = call.steered.get(i).copied().unwrap_or(false);
+            entry_check::check_kubelet_ids(
+                entry,
+                &wanted,
+                &container.devices_ids,
+                call.table,
+                steered,
+            )
+            .map_err(|source| {
+                Failure::plan(PlanError::Entry {
+                    pod: key.clone(),
+                    source,
+                })
+            })?;
             hook.check_plan(&plan)
                 .map_err(|e| Failure::hook(&plan.pod, &plan.container, &e))?;
             devices.erase_nvidia(entry);
@@ -286,7 +334,7 @@ impl Core {
     async fn choose(
         &self,
         lock: Option<&str>,
-        request: &v1beta1::AllocateRequest,
+        call: &Call<'_>,
         attempt: u32,
         counts: &mut Counts,
         trips: &mut LocateTrips,
@@ -316,7 +364,7 @@ impl Core {
                 // Another call's patch of this pod landed while it was being read.
                 continue;
             }
-            let claim = self.plan_and_claim(&located, uid, request).await;
+            let claim = self.plan_and_claim(&located, uid, call).await;
             // Returning releases the node-wide lock.
             return Ok((located, claim));
         }
@@ -369,9 +417,9 @@ impl Core {
         &self,
         located: &Located,
         uid: String,
-        request: &v1beta1::AllocateRequest,
+        call: &Call<'_>,
     ) -> Result<Claim<'_>, Failure> {
-        let (selection, erased) = self.plan_selection(located, request)?;
+        let (selection, erased) = self.plan_selection(located, call)?;
         Ok(self
             .claims
             .claim(
@@ -592,10 +640,7 @@ impl Core {
     /// One `Allocate` call, in an `allocate` span: select, execute, and redo the selection while
     /// the pod read was stale (at most [`MAX_SELECT_ATTEMPTS`] times); then the failure path
     /// when it failed.
-    pub async fn allocate(
-        &self,
-        request: v1beta1::AllocateRequest,
-    ) -> Result<v1beta1::AllocateResponse, Status> {
+    pub async fn allocate(&self, call: Call<'_>) -> Result<v1beta1::AllocateResponse, Status> {
         let span = tracing::debug_span!(
             ALLOCATE_SPAN,
             node = %self.node_name(),
@@ -607,7 +652,7 @@ impl Core {
         let started = std::time::Instant::now();
         let mut counts = Counts::default();
         let (result, outcome) = self
-            .attempts(request, &mut counts)
+            .attempts(&call, &mut counts)
             .instrument(span.clone())
             .await;
         span.record("from_cache", counts.from_cache);
@@ -620,7 +665,7 @@ impl Core {
 
     async fn attempts(
         &self,
-        request: v1beta1::AllocateRequest,
+        call: &Call<'_>,
         counts: &mut Counts,
     ) -> (Result<v1beta1::AllocateResponse, Status>, AllocateOutcome) {
         let mut trips = LocateTrips::default();
@@ -631,9 +676,7 @@ impl Core {
         let mut attempt = 1;
         let result = loop {
             let lock = known_lock.as_ref().and_then(|l| l.as_deref());
-            let chosen = self
-                .choose(lock, &request, attempt, counts, &mut trips)
-                .await;
+            let chosen = self.choose(lock, call, attempt, counts, &mut trips).await;
             let (mut located, claim) = match chosen {
                 Err((o, status)) => {
                     outcome = o;

@@ -130,11 +130,28 @@ impl Allocator {
 impl AllocateHandler for Allocator {
     async fn allocate(
         &self,
-        _devices: &DeviceTable,
+        devices: &DeviceTable,
+        request: v1beta1::AllocateRequest,
+    ) -> Result<v1beta1::AllocateResponse, Status> {
+        self.allocate_steered(devices, Vec::new(), request).await
+    }
+
+    async fn allocate_steered(
+        &self,
+        devices: &DeviceTable,
+        steered: Vec<bool>,
         request: v1beta1::AllocateRequest,
     ) -> Result<v1beta1::AllocateResponse, Status> {
         let core = Arc::clone(&self.core);
-        let call = async move { core.allocate(request).await };
+        let table = devices.clone();
+        let call = async move {
+            let call = allocator::Call {
+                request: &request,
+                table: &table,
+                steered: &steered,
+            };
+            core.allocate(call).await
+        };
         let task = match &self.dispatch {
             Some(dispatch) => tokio::spawn(call.with_subscriber(dispatch.clone())),
             None => tokio::spawn(call),

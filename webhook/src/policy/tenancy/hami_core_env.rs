@@ -25,11 +25,10 @@
 //! value is the container's cap.
 
 use hami_shared::names::{
-    ANNOTATION_KAI_SHARED_GPU_CONFIGMAP, ENV_ACTIVE_OOM_KILLER, ENV_CUDA_DEVICE_MEMORY_LIMIT,
-    ENV_CUDA_DISABLE_CONTROL, ENV_CUDA_REDIRECT, ENV_CUDA_TASK_PRIORITY,
-    ENV_GPU_CORE_UTILIZATION_POLICY, ENV_RECORD_KERNEL_INTERVAL,
+    ANNOTATION_KAI_SHARED_GPU_CONFIGMAP, ENV_CUDA_DEVICE_MEMORY_LIMIT, ENV_CUDA_TASK_PRIORITY,
+    ENV_GPU_CORE_UTILIZATION_POLICY,
 };
-use hami_shared::preload::{CONTRACT_VARIABLE_PREFIXES, CONTRACT_VARIABLES, is_contract_variable};
+use hami_shared::preload::{CONTRACT_VARIABLE_PREFIXES, CONTRACT_VARIABLES};
 
 use crate::policy::mutation::{Denial, PodMutation};
 use crate::wire::pod::{Container, ContainerKind, ContainerRef, EnvFromSource, EnvVar, Pod};
@@ -37,18 +36,14 @@ use crate::wire::pod::{Container, ContainerKind, ContainerRef, EnvFromSource, En
 /// The setting that lifts these rules, named in every denial.
 pub const SETTING: &str = "tenancy.allowHamiCoreEnvNamespaces";
 
-/// Variables HAMi-core reads (or the device plugin acts on) besides the contract's.
-const OTHER_VARIABLES: [&str; 4] = [
-    ENV_CUDA_DISABLE_CONTROL,
-    ENV_CUDA_REDIRECT,
-    ENV_ACTIVE_OOM_KILLER,
-    ENV_RECORD_KERNEL_INTERVAL,
-];
+/// Variables HAMi-core reads (or the device plugin acts on) besides the contract's (one list
+/// with the device plugin's `Allocate` check).
+const OTHER_VARIABLES: [&str; 4] = hami_shared::preload::OTHER_SYSTEM_VARIABLES;
 
 /// Whether a pod may not set `name` in a GPU container.
 #[must_use]
 pub fn is_protected(name: &str) -> bool {
-    is_contract_variable(name.as_bytes()) || OTHER_VARIABLES.contains(&name)
+    hami_shared::preload::is_system_variable(name)
 }
 
 /// Whether an `envFrom` source with `prefix` could produce a protected name: some protected name
