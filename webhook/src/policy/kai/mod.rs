@@ -35,7 +35,7 @@ use crate::policy::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::policy::placement::Placement;
 use crate::policy::settings::Settings;
 use crate::policy::tenancy::hami_core_env::{self, Expected, KaiEntries};
-use crate::wire::pod::ContainerRef;
+use crate::wire::pod::{ContainerRef, Pod};
 use downward::FileCap;
 
 pub use select::KaiRequest;
@@ -87,6 +87,16 @@ pub fn mutate(
         Ok(mib) => deliver_capped(m, kai, &request, &targets, mib, delivery, kai_cm),
         Err(reason) => deliver_uncapped(m, &targets, reason, delivery, kai_cm),
     }
+}
+
+/// The fraction container of a KAI pod and KAI's ConfigMaps for it (the pod's
+/// `runai/shared-gpu-configmap` annotation), where KAI's own entries are accepted; `None` for a
+/// pod that is not a KAI pod or carries no such annotation yet.
+#[must_use]
+pub fn fraction_entries(pod: &Pod<'_>, kai: &KaiSettings) -> Option<(ContainerRef, KaiEntries)> {
+    select::select(pod, kai)?;
+    let at = select::fraction_container(pod)?;
+    KaiEntries::of(pod, at).map(|e| (at, e))
 }
 
 /// The preloaded containers may not set HAMi-core's variables, but for the memory limit the
