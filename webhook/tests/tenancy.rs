@@ -1141,3 +1141,40 @@ fn only_kais_own_entry_in_the_fraction_container_names_a_gpu() {
         );
     }
 }
+
+#[test]
+fn a_gpu_containers_env_from_may_not_replace_the_plugins_device_list() {
+    for prefix in ["N", "NVIDIA_", "NVIDIA_VISIBLE_", "NVIDIA_VISIBLE_DEVICE"] {
+        let from = json!({"envFrom": [{"prefix": prefix, "configMapRef": {"name": "devs"}}]});
+        for (what, pod) in [
+            ("HAMi GPU container", hami_pod(from.clone(), json!({}))),
+            ("HAMi GPU init container", hami_pod(json!({}), from.clone())),
+            ("KAI fraction container", kai_pod(from.clone())),
+        ] {
+            let message = denial(&pod, &Settings::default());
+            assert!(
+                message.contains(&format!(r#"envFrom configMapRef "devs" with prefix {prefix:?} could set NVIDIA_VISIBLE_DEVICES"#))
+                    && message.contains("tenancy.allowVisibleDevicesNamespaces"),
+                "{prefix} in {what}: {message}"
+            );
+            assert_ne!(
+                create(&pod, &allowing_devices()).outcome,
+                Outcome::Denied,
+                "{prefix} in {what}"
+            );
+        }
+        // A container without a GPU: left to the node's runtime setting.
+        let a = create(&cpu_pod(from.clone(), from), &Settings::default());
+        assert_eq!(a.outcome, Outcome::Allowed, "{prefix}: {a:?}");
+    }
+    // Prefixes that cannot produce it.
+    for prefix in [
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_",
+        "nvidia_",
+        "APP_",
+    ] {
+        let from = json!({"envFrom": [{"prefix": prefix, "configMapRef": {"name": "devs"}}]});
+        create_twice(&hami_pod(from, json!({})), &Settings::default());
+    }
+}

@@ -35,6 +35,7 @@ use crate::policy::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::policy::placement::Placement;
 use crate::policy::settings::Settings;
 use crate::policy::tenancy::hami_core_env::{self, Expected, KaiEntries};
+use crate::policy::tenancy::visible_devices;
 use crate::wire::pod::{ContainerRef, Pod};
 use downward::FileCap;
 
@@ -76,6 +77,12 @@ pub fn mutate(
     let fraction = select::fraction_container(m.pod());
     let kai_entries = fraction.and_then(|at| KaiEntries::of(m.pod(), at).map(|e| (at, e)));
     check_variables(m, settings, &targets, &cap, kai_entries.as_ref())?;
+    let devices_allowed = tenancy.allows_visible_devices(m.namespace());
+    for &at in &targets {
+        if let Some(container) = m.pod().container(at) {
+            visible_devices::check_env_from(m, container, devices_allowed)?;
+        }
+    }
     inject::preload(m, &targets, &kai.hook_path)?;
     // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
     // webhook's `kai.limitDelivery`: KAI pods have no node config.

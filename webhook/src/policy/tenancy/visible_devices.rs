@@ -21,11 +21,14 @@
 //!   is refused: its value is known only when the container starts, and can change after;
 //! - a mount at or under `/var/run/nvidia-container-devices` (the path cleaned as kubelet cleans
 //!   it, compared as a string prefix as the runtime compares it) is refused: no workload needs
-//!   one, and with host `/dev/null` behind it the runtime reads it as a device request.
+//!   one, and with host `/dev/null` behind it the runtime reads it as a device request;
+//! - in a GPU container ([`check_env_from`]), an `envFrom` whose prefix could produce the variable:
+//!   kubelet applies it after the device plugin's list, which it would replace.
 //!
 //! Not checkable here, and closed only by the node's runtime setting
 //! (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, see the operator guide):
-//! `envFrom` of a ConfigMap or Secret (its keys are unknown at admission and can change after),
+//! `envFrom` of a ConfigMap or Secret in a container without a GPU (its keys are unknown at
+//! admission and can change after),
 //! the image's own `ENV` (`nvidia/cuda` images set `NVIDIA_VISIBLE_DEVICES=all`), and an image
 //! that is "legacy" to the runtime (`CUDA_VERSION` set, `NVIDIA_REQUIRE_CUDA` not: the variable
 //! unset means `all`).
@@ -75,6 +78,38 @@ pub fn check(
             }
         }
         check_mounts(m, container)?;
+    }
+    Ok(())
+}
+
+/// In a GPU container (one the device plugin or KAI gives GPUs), refuse an `envFrom` whose
+/// non-empty prefix could produce `NVIDIA_VISIBLE_DEVICES`: kubelet puts the spec's variables,
+/// `envFrom`'s included, after the device plugin's, so such a source would replace the plugin's
+/// list. (The empty prefix is refused there by [`crate::policy::tenancy::hami_core_env`]; in a
+/// container without a GPU, `envFrom` is left to the node's runtime setting.)
+///
+/// # Errors
+/// [`Denial`] naming the pod, the container, the source and [`SETTING`].
+pub fn check_env_from(
+    m: &PodMutation<'_, '_>,
+    container: &Container<'_>,
+    allowed: bool,
+) -> Result<(), Denial> {
+    if allowed {
+        return Ok(());
+    }
+    for source in container.env_from.as_deref().unwrap_or_default() {
+        let prefix = source.prefix.as_deref().unwrap_or("");
+        if !prefix.is_empty()
+            && prefix.len() < ENV_NVIDIA_VISIBLE_DEVICES.len()
+            && ENV_NVIDIA_VISIBLE_DEVICES.starts_with(prefix)
+        {
+            return Err(m.deny(format_args!(
+                "container {:?}: envFrom {} with prefix {prefix:?} could set {ENV_NVIDIA_VISIBLE_DEVICES} over the device plugin's list of the container's GPUs, and what it holds cannot be checked at admission; give it a prefix that variable does not start with (e.g. \"APP_\"), or allow it in this namespace with {SETTING}",
+                container.name,
+                source.describe()
+            )));
+        }
     }
     Ok(())
 }
