@@ -158,6 +158,7 @@ SCENARIOS: dict[str, dict] = {
             },
             "tenancy": {
                 "allowHamiCoreEnvNamespaces": ["legacy-ml"],
+                "allowVisibleDevicesNamespaces": ["gpu-monitoring"],
                 "forbidEnvDeliveryNamespaces": ["tenant-a", "tenant-b"],
                 "kaiOptOutNamespaces": ["kai-debug"],
             },
@@ -934,16 +935,42 @@ MATCH_CASES = [
     ("KAI gpu-memory", pod(annotations={"gpu-memory": "4000"}), True),
     ("KAI gpu-fraction", pod(annotations={"gpu-fraction": "0.5"}), True),
     ("limit-delivery annotation on a CPU pod", pod(annotations={"hami.io/limit-delivery": "FILE"}), True),
-    # The webhook strips HAMi's scheduler-owned annotations at creation, from any pod.
-    ("scheduler annotation on a CPU pod", pod(annotations={"hami.io/bind-phase": "allocating"}), True),
-    ("look-alike scheduler annotation", pod(annotations={"x.hami.io/bind-phase": "allocating", "hami.io/bind-phase-x": "1"}), False),
+    # A pod naming its own GPUs, in any container: refused by the webhook.
+    ("NVIDIA_VISIBLE_DEVICES in a CPU container",
+     pod(containers=[{"name": "c", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]), True),
+    ("NVIDIA_VISIBLE_DEVICES by valueFrom in an init container",
+     pod(init_containers=[{"name": "i", "image": "x", "env": [
+         {"name": "A", "value": "1"},
+         {"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": "m", "key": "k"}}}]}]), True),
+    ("NVIDIA_VISIBLE_DEVICES in the second container", pod(containers=[ctr(), {"name": "d", "image": "x", "env": [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]}]), True),
+    ("other variables only", pod(containers=[{"name": "c", "image": "x", "env": [
+        {"name": "CUDA_VISIBLE_DEVICES", "value": "0"}, {"name": "nvidia_visible_devices", "value": "all"}]}],
+        init_containers=[{"name": "i", "image": "x", "env": []}]), False),
+    ("device-list mount", pod(containers=[{"name": "c", "image": "x", "volumeMounts": [
+        {"name": "v", "mountPath": "/data"}, {"name": "n", "mountPath": "/var/run/nvidia-container-devices/all"}]}]), True),
+    ("device-list mount spelt otherwise, init container", pod(init_containers=[{"name": "i", "image": "x",
+        "volumeMounts": [{"name": "n", "mountPath": "var/run/./nvidia-container-devices//GPU-0/"}]}]), True),
+    ("ordinary mounts", pod(containers=[{"name": "c", "image": "x", "volumeMounts": [
+        {"name": "v", "mountPath": "/var/run"}, {"name": "w", "mountPath": "/data"}]}]), False),
+    # The HAMi scheduler's annotations and label on a CPU pod: stripped by the webhook.
+    *[(f"scheduler annotation {k} on a CPU pod", pod(annotations={"team": "a", k: "x"}), True)
+      for k in ["hami.io/vgpu-node", "hami.io/vgpu-time", "hami.io/vgpu-devices-to-allocate",
+                "hami.io/vgpu-devices-allocated", "hami.io/vgpu-mig-allocations", "hami.io/bind-phase",
+                "hami.io/bind-time"]],
+    ("look-alike scheduler annotations", pod(annotations={"hami.io/vgpu-nodes": "x", "x.hami.io/bind-phase": "a",
+                                                          "hami.io/node-nvidia-register": "[]"}), False),
     ("scheduler label on a CPU pod", {**pod(), "metadata": {"name": "p", "labels": {"hami.io/vgpu-node": "n1"}}}, True),
+    ("other labels", {**pod(), "metadata": {"name": "p", "labels": {"hami.io/webhook": "x", "app": "a"}}}, False),
 ]
 
 CUSTOM_MATCH_CASES = [
     ("custom count name", pod(containers=[ctr(limits={"example.com/vgpu": "1"})]), True),
     ("default name no longer configured", pod(containers=[ctr(limits={"nvidia.com/gpu": "1"})]), False),
     ("KAI annotations still sent", pod(annotations={"gpu-fraction": "0.25"}), True),
+    ("NVIDIA_VISIBLE_DEVICES still sent",
+     pod(containers=[{"name": "c", "image": "x", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]}]), True),
+    ("scheduler annotation still sent", pod(annotations={"hami.io/bind-phase": "allocating"}), True),
 ]
 
 
@@ -965,8 +992,15 @@ UPDATE_MATCH_CASES = [
     ("KAI request removed", pod(annotations={"gpu-memory": "4000"}), pod(annotations={}), True),
     ("limit-delivery added", pod(), pod(annotations={"hami.io/limit-delivery": "FILE"}), True),
     ("look-alike key", pod(), pod(annotations={"x.limits.hami.io/c": "1", "limits.hami.io.x/c": "1"}), False),
-    ("scheduler annotation added", pod(), pod(annotations={"hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,80000,100:;"}), True),
-    ("scheduler annotation removed", pod(annotations={"hami.io/vgpu-node": "n1"}), pod(), True),
+    ("scheduler annotations added to a pending pod", pod(),
+     pod(annotations={"hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,80000,100:;", "hami.io/bind-phase": "allocating"}),
+     True),
+    ("scheduler annotation removed", pod(annotations={"hami.io/bind-time": "1"}), pod(), True),
+    ("scheduled pod relabelled", pod(annotations={"hami.io/vgpu-node": "n1"}),
+     pod(annotations={"hami.io/vgpu-node": "n1", "team": "a"}), True),
+    ("scheduler label added", pod(), {**pod(), "metadata": {"name": "p", "labels": {"hami.io/vgpu-node": "n1"}}}, True),
+    ("scheduler label removed", {**pod(), "metadata": {"name": "p", "labels": {"hami.io/vgpu-node": "n1"}}}, pod(), True),
+    ("other label added", pod(), {**pod(), "metadata": {"name": "p", "labels": {"app": "a"}}}, False),
 ]
 
 

@@ -199,19 +199,20 @@ fn overwrite_env_hides_gpus_from_containers_that_get_none() {
 
 #[test]
 fn overwrite_env_leaves_a_containers_own_value_kai_pods_and_other_schedulers() {
-    // A container that sets the variable itself keeps it, with a warning.
+    // A container that sets the variable itself to another value that names no GPU keeps it,
+    // with a warning (one that names GPUs is refused: `tenancy::visible_devices`).
     let mut r = fixture();
     object_mut(&mut r, "/spec/containers/1")
         .as_object_mut()
         .unwrap()
         .insert(
             "env".into(),
-            json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]),
+            json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]),
         );
     let (_, _, warnings, object) = run(&r, &settings(1, true));
     assert_eq!(
         env_value(&object, "/spec/containers/1", "NVIDIA_VISIBLE_DEVICES").as_deref(),
-        Some("all")
+        Some("void")
     );
     assert!(
         warnings

@@ -830,3 +830,351 @@ fn scheduler_annotations_are_written_on_update_only_by_the_named_identities() {
         Outcome::Denied
     );
 }
+
+/// Namespace `tenant-a` in `tenancy.allowVisibleDevicesNamespaces`.
+fn allowing_devices() -> Settings {
+    let mut s = Settings::default();
+    s.tenancy.allow_visible_devices_namespaces = vec![NS.to_owned()];
+    s
+}
+
+/// A pod for the default scheduler with no GPU request at all: `web`, and an init container.
+fn cpu_pod(web: Value, init: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-1", "namespace": NS},
+        "spec": {
+            "initContainers": [merge(json!({"name": "setup", "image": "x"}), init)],
+            "containers": [merge(json!({"name": "web", "image": "x"}), web)]
+        }
+    })
+}
+
+fn mount(path: &str) -> Value {
+    json!({"volumeMounts": [{"name": "devs", "mountPath": path}]})
+}
+
+#[test]
+fn no_container_of_any_pod_names_its_own_gpus() {
+    let visible = |value: &str| env(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": value}]));
+    let from =
+        |source: Value| env(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": source}]));
+    // (what, the container's extra fields, fragment of the denial)
+    let routes: Vec<(&str, Value, &str)> = vec![
+        (
+            "all",
+            visible("all"),
+            r#"env NVIDIA_VISIBLE_DEVICES is set by the pod to "all""#,
+        ),
+        (
+            "a UUID",
+            visible("GPU-3b1c5f0e-0000-4000-8000-000000000001"),
+            r#"to "GPU-3b1c5f0e"#,
+        ),
+        ("indices", visible("0,1"), r#"to "0,1""#),
+        ("none beside a GPU", visible("none,all"), r#"to "none,all""#),
+        ("another case", visible("NONE"), r#"to "NONE""#),
+        ("spaces", visible(" void"), r#"to " void""#),
+        (
+            "a ConfigMap",
+            from(json!({"configMapKeyRef": {"name": "mine", "key": "NVIDIA_VISIBLE_DEVICES"}})),
+            "env NVIDIA_VISIBLE_DEVICES is set by the pod with valueFrom",
+        ),
+        (
+            "a Secret",
+            from(json!({"secretKeyRef": {"name": "mine", "key": "devices"}})),
+            "with valueFrom",
+        ),
+        (
+            "a field",
+            from(json!({"fieldRef": {"fieldPath": "metadata.annotations['devs']"}})),
+            "with valueFrom",
+        ),
+        (
+            "the last of two entries",
+            env(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"},
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])),
+            r#"to "all""#,
+        ),
+        (
+            "a device-list mount",
+            mount("/var/run/nvidia-container-devices/all"),
+            r#"mounts volume "devs" at "/var/run/nvidia-container-devices/all""#,
+        ),
+        (
+            "a device-list mount spelt otherwise",
+            mount("//var/run/./x/../nvidia-container-devices/GPU-0/"),
+            "(/var/run/nvidia-container-devices/GPU-0)",
+        ),
+        (
+            "a relative device-list mount",
+            mount("var/run/nvidia-container-devices/all"),
+            "(/var/run/nvidia-container-devices/all)",
+        ),
+        (
+            "the folder itself",
+            mount("/var/run/nvidia-container-devices"),
+            "under /var/run/nvidia-container-devices",
+        ),
+        (
+            "a string prefix, as the runtime compares",
+            mount("/var/run/nvidia-container-devices-x/all"),
+            "under /var/run/nvidia-container-devices",
+        ),
+    ];
+    // (where, the pod with the route in one container, that container's name)
+    type Place = (&'static str, fn(Value) -> Value, &'static str);
+    let places: Vec<Place> = vec![
+        ("a CPU pod's container", |r| cpu_pod(r, json!({})), "web"),
+        (
+            "a CPU pod's init container",
+            |r| cpu_pod(json!({}), r),
+            "setup",
+        ),
+        ("a HAMi GPU container", |r| hami_pod(r, json!({})), "main"),
+        (
+            "a HAMi GPU init container",
+            |r| hami_pod(json!({}), r),
+            "init",
+        ),
+        ("a KAI fraction container", kai_pod, "train"),
+        (
+            "a KAI pod's other container",
+            |r| {
+                let mut p = kai_pod(json!({}));
+                for (k, v) in r.as_object().unwrap() {
+                    p["spec"]["containers"][1][k] = v.clone();
+                }
+                p
+            },
+            "side",
+        ),
+    ];
+    let hami_core_allowed = allowing();
+    for (what, route, fragment) in &routes {
+        for (place, build, container) in &places {
+            let pod = build(route.clone());
+            let message = denial(&pod, &Settings::default());
+            let case = format!("{what} in {place}: {message}");
+            assert!(message.starts_with("pod tenant-a/"), "{case}");
+            assert!(
+                message.contains(&format!("container {container:?}")),
+                "{case}"
+            );
+            assert!(message.contains(fragment), "{case}");
+            assert!(
+                message.contains("tenancy.allowVisibleDevicesNamespaces"),
+                "{case}"
+            );
+            // HAMi-core's escape hatch does not open this one.
+            let other = denial(&pod, &hami_core_allowed);
+            assert!(
+                other.contains("tenancy.allowVisibleDevicesNamespaces"),
+                "{case}"
+            );
+            // Where the operator allows it, the route is not what refuses the pod.
+            let a = create(&pod, &allowing_devices());
+            assert!(
+                !a.message.contains("NVIDIA_VISIBLE_DEVICES")
+                    && !a.message.contains("nvidia-container-devices"),
+                "{case}: {a:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn what_any_container_may_still_set_about_devices() {
+    let cases: Vec<(&str, Value)> = vec![
+        (
+            "none",
+            env(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}])),
+        ),
+        (
+            "void",
+            env(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])),
+        ),
+        (
+            "empty",
+            env(json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}])),
+        ),
+        ("no value", env(json!([{"name": "NVIDIA_VISIBLE_DEVICES"}]))),
+        (
+            "driver capabilities",
+            env(json!([{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}])),
+        ),
+        (
+            "look-alike names",
+            env(json!([{"name": "NVIDIA_VISIBLE_DEVICES_X", "value": "all"},
+            {"name": "nvidia_visible_devices", "value": "all"}, {"name": "CUDA_VISIBLE_DEVICES", "value": "1"}])),
+        ),
+        ("a mount above the folder", mount("/var/run")),
+        (
+            "a mount beside it under /run",
+            mount("/run/nvidia-container-devices/all"),
+        ),
+        ("a mount elsewhere", mount("/data/nvidia-container-devices")),
+    ];
+    for (what, extra) in cases {
+        let a = create(&cpu_pod(extra.clone(), extra.clone()), &Settings::default());
+        assert_eq!(a.outcome, Outcome::Allowed, "{what}: {a:?}");
+        let (_, doc) = create_twice(&hami_pod(extra.clone(), json!({})), &Settings::default());
+        assert_eq!(doc["spec"]["schedulerName"], "hami-scheduler", "{what}");
+        create_twice(&kai_pod(extra), &Settings::default());
+    }
+    // HAMi's overwriteEnv sets `none` in the containers without a GPU: its own value is admitted
+    // when reviewed again.
+    let mut overwrite = Settings::default();
+    overwrite.nvidia.overwrite_env = true;
+    let (_, doc) = create_twice(&hami_pod(json!({}), json!({})), &overwrite);
+    assert!(
+        doc["spec"]["containers"][1]["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"})),
+        "{doc}"
+    );
+}
+
+#[test]
+fn only_kais_own_entry_in_the_fraction_container_names_a_gpu() {
+    let prefix = "kai-1-abcdefg-shared-gpu";
+    for hamicore in [false, true] {
+        // KAI's admission as v0.17 leaves the pod, reviewed again: admitted, nothing changed.
+        let (_, doc) = create_twice(&kai_pod(json!({})), &Settings::default());
+        let after_kai = as_kai_admission_leaves_it(doc, hamicore);
+        let again = create(&after_kai, &Settings::default());
+        assert_eq!(again.outcome, Outcome::Allowed, "{again:?}");
+        // KAI's admission first, ours next: admitted too.
+        let kai_first = as_kai_admission_leaves_it(kai_pod(json!({})), hamicore);
+        assert_ne!(
+            create(&kai_first, &Settings::default()).outcome,
+            Outcome::Denied
+        );
+    }
+    let entry = |cm: &str, key: &str| json!({"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": cm, "key": key}}});
+    let with_entry_in = |container: usize, e: Value| {
+        let mut p = as_kai_admission_leaves_it(kai_pod(json!({})), false);
+        let list = p["spec"]["containers"][container]["env"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut list: Vec<Value> = list
+            .into_iter()
+            .filter(|v| v["name"] != "NVIDIA_VISIBLE_DEVICES")
+            .collect();
+        list.push(e);
+        p["spec"]["containers"][container]["env"] = Value::from(list);
+        p
+    };
+    let cm0 = format!("{prefix}-0");
+    let forged: Vec<(&str, Value, &str)> = vec![
+        (
+            "another index's ConfigMap",
+            with_entry_in(0, entry(&format!("{prefix}-1"), "NVIDIA_VISIBLE_DEVICES")),
+            "\"train\"",
+        ),
+        (
+            "the evar ConfigMap",
+            with_entry_in(0, entry(&format!("{cm0}-evar"), "NVIDIA_VISIBLE_DEVICES")),
+            "\"train\"",
+        ),
+        (
+            "another key",
+            with_entry_in(0, entry(&cm0, "GPU_PORTION")),
+            "\"train\"",
+        ),
+        (
+            "no key",
+            with_entry_in(
+                0,
+                json!({"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {"name": cm0}}}),
+            ),
+            "\"train\"",
+        ),
+        (
+            "KAI's entry in another container",
+            with_entry_in(1, entry(&cm0, "NVIDIA_VISIBLE_DEVICES")),
+            "\"side\"",
+        ),
+        (
+            "a literal beside KAI's entry",
+            {
+                let mut p = as_kai_admission_leaves_it(kai_pod(json!({})), false);
+                p["spec"]["containers"][0]["env"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}));
+                p
+            },
+            "\"train\"",
+        ),
+        (
+            "not a KAI pod (another scheduler)",
+            {
+                let mut p = as_kai_admission_leaves_it(kai_pod(json!({})), false);
+                p["spec"]["schedulerName"] = json!("my-scheduler");
+                p
+            },
+            "\"train\"",
+        ),
+        (
+            "no KAI ConfigMap annotation",
+            {
+                let mut p = as_kai_admission_leaves_it(kai_pod(json!({})), false);
+                p["metadata"]["annotations"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("runai/shared-gpu-configmap");
+                p
+            },
+            "\"train\"",
+        ),
+    ];
+    for (what, pod, container) in forged {
+        let message = denial(&pod, &Settings::default());
+        assert!(
+            message.contains(&format!(
+                "container {container}: env NVIDIA_VISIBLE_DEVICES is set by the pod"
+            )),
+            "{what}: {message}"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_containers_env_from_may_not_replace_the_plugins_device_list() {
+    for prefix in ["N", "NVIDIA_", "NVIDIA_VISIBLE_", "NVIDIA_VISIBLE_DEVICE"] {
+        let from = json!({"envFrom": [{"prefix": prefix, "configMapRef": {"name": "devs"}}]});
+        for (what, pod) in [
+            ("HAMi GPU container", hami_pod(from.clone(), json!({}))),
+            ("HAMi GPU init container", hami_pod(json!({}), from.clone())),
+            ("KAI fraction container", kai_pod(from.clone())),
+        ] {
+            let message = denial(&pod, &Settings::default());
+            assert!(
+                message.contains(&format!(r#"envFrom configMapRef "devs" with prefix {prefix:?} could set NVIDIA_VISIBLE_DEVICES"#))
+                    && message.contains("tenancy.allowVisibleDevicesNamespaces"),
+                "{prefix} in {what}: {message}"
+            );
+            assert_ne!(
+                create(&pod, &allowing_devices()).outcome,
+                Outcome::Denied,
+                "{prefix} in {what}"
+            );
+        }
+        // A container without a GPU: left to the node's runtime setting.
+        let a = create(&cpu_pod(from.clone(), from), &Settings::default());
+        assert_eq!(a.outcome, Outcome::Allowed, "{prefix}: {a:?}");
+    }
+    // Prefixes that cannot produce it.
+    for prefix in [
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_",
+        "nvidia_",
+        "APP_",
+    ] {
+        let from = json!({"envFrom": [{"prefix": prefix, "configMapRef": {"name": "devs"}}]});
+        create_twice(&hami_pod(from, json!({})), &Settings::default());
+    }
+}

@@ -5,6 +5,7 @@
 //! 0. [`crate::policy::tenancy::scheduler_owned`] — remove the HAMi scheduler's annotations (every
 //!    pod);
 //! 1. [`crate::policy::delivery`] — validate `hami.io/limit-delivery` (every pod);
+//!    [`crate::policy::tenancy::visible_devices`] — no container names its own GPUs (every pod);
 //! 2. [`crate::policy::hami`] — HAMi GPU pods: task priority, core policy, scheduler, privileged check;
 //! 3. [`crate::policy::kai`] — KAI fractional pods: HAMi-core preload, memory cap, limits files.
 //!
@@ -19,7 +20,7 @@
 use crate::policy::basis::VramBasis;
 use crate::policy::mutation::{Decision, Denial, PodMutation};
 use crate::policy::settings::Settings;
-use crate::policy::tenancy::scheduler_owned;
+use crate::policy::tenancy::{scheduler_owned, visible_devices};
 use crate::policy::{delivery, hami, kai, update};
 use crate::wire::pod::Pod;
 use crate::wire::review::AdmissionRequest;
@@ -85,6 +86,9 @@ pub fn decide_pod(
     let mut m = PodMutation::new(pod, request_namespace);
     scheduler_owned::strip(&mut m);
     let result = delivery::validate(&m, &settings.tenancy).and_then(|delivery| {
+        let kai_fraction = kai::fraction_entries(pod, &settings.kai);
+        let allowed = settings.tenancy.allows_visible_devices(m.namespace());
+        visible_devices::check(&m, kai_fraction.as_ref(), allowed)?;
         hami::mutate(&mut m, settings)?;
         kai::mutate(&mut m, settings, vram, delivery)
     });

@@ -29,6 +29,7 @@ use hami_shared::values::{CorePolicy, TaskPriority};
 use crate::policy::mutation::{Denial, PodMutation};
 use crate::policy::settings::Settings;
 use crate::policy::tenancy::hami_core_env::{self, Expected};
+use crate::policy::tenancy::visible_devices;
 use crate::wire::mountpath::resolve;
 use crate::wire::pod::{Container, ContainerRef, DEFAULT_SCHEDULER};
 
@@ -130,6 +131,11 @@ fn mutate_gpu_container(
         ..Expected::default()
     };
     hami_core_env::check(m, container, &expected, env_allowed)?;
+    visible_devices::check_env_from(
+        m,
+        container,
+        settings.tenancy.allows_visible_devices(m.namespace()),
+    )?;
     check_device_plugin_mounts(m, container)?;
     if let Some((value, _)) = &priority {
         set_env(m, at, container, ENV_CUDA_TASK_PRIORITY, value);

@@ -178,6 +178,9 @@ pub struct EnvVarSource<'a> {
 pub struct ObjectRef<'a> {
     #[serde(borrow, default)]
     pub name: Cow<'a, str>,
+    /// The key of a `configMapKeyRef` (KAI's own entries are recognised by it too).
+    #[serde(borrow, default, deserialize_with = "opt_cow")]
+    pub key: Option<Cow<'a, str>>,
 }
 
 /// One `envFrom` entry: every key of a ConfigMap or Secret, each name prefixed with `prefix`.

@@ -36,7 +36,8 @@ use crate::policy::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::policy::placement::Placement;
 use crate::policy::settings::Settings;
 use crate::policy::tenancy::hami_core_env::{self, Expected, KaiEntries};
-use crate::wire::pod::ContainerRef;
+use crate::policy::tenancy::visible_devices;
+use crate::wire::pod::{ContainerRef, Pod};
 use downward::FileCap;
 
 pub use select::KaiRequest;
@@ -77,6 +78,12 @@ pub fn mutate(
     let fraction = select::fraction_container(m.pod());
     let kai_entries = fraction.and_then(|at| KaiEntries::of(m.pod(), at).map(|e| (at, e)));
     check_variables(m, settings, &targets, &cap, kai_entries.as_ref())?;
+    let devices_allowed = tenancy.allows_visible_devices(m.namespace());
+    for &at in &targets {
+        if let Some(container) = m.pod().container(at) {
+            visible_devices::check_env_from(m, container, devices_allowed)?;
+        }
+    }
     inject::preload(m, &targets, &kai.hook_path, kai.hook_delivery)?;
     // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
     // webhook's `kai.limitDelivery`: KAI pods have no node config.
@@ -88,6 +95,16 @@ pub fn mutate(
         Ok(mib) => deliver_capped(m, kai, &request, &targets, mib, delivery, kai_cm),
         Err(reason) => deliver_uncapped(m, &targets, reason, delivery, kai_cm),
     }
+}
+
+/// The fraction container of a KAI pod and KAI's ConfigMaps for it (the pod's
+/// `runai/shared-gpu-configmap` annotation), where KAI's own entries are accepted; `None` for a
+/// pod that is not a KAI pod or carries no such annotation yet.
+#[must_use]
+pub fn fraction_entries(pod: &Pod<'_>, kai: &KaiSettings) -> Option<(ContainerRef, KaiEntries)> {
+    select::select(pod, kai)?;
+    let at = select::fraction_container(pod)?;
+    KaiEntries::of(pod, at).map(|e| (at, e))
 }
 
 /// The preloaded containers may not set HAMi-core's variables, but for the memory limit the

@@ -5,6 +5,8 @@
 //!   on UPDATE only by `tenancy.schedulerAnnotationWriters`;
 //! - [`hami_core_env`]: a GPU container may not set HAMi-core's variables
 //!   (`tenancy.allowHamiCoreEnvNamespaces` lifts it);
+//! - [`visible_devices`]: no container of any pod names its own GPUs (`NVIDIA_VISIBLE_DEVICES`,
+//!   the runtime's device-list mount folder; `tenancy.allowVisibleDevicesNamespaces` lifts it);
 //! - `hami.io/limit-delivery: env` is refused in `tenancy.forbidEnvDeliveryNamespaces`
 //!   ([`crate::policy::delivery`]), and a KAI pod's own opt-out is honoured only in
 //!   `tenancy.kaiOptOutNamespaces` ([`crate::policy::kai`]).
@@ -14,5 +16,6 @@
 pub mod hami_core_env;
 pub mod scheduler_owned;
 pub mod settings;
+pub mod visible_devices;
 
 pub use settings::TenancySettings;

@@ -28,6 +28,14 @@ pub struct TenancySettings {
     /// `GPU_CORE_UTILIZATION_POLICY`): HAMi's behaviour. Default empty: denied everywhere.
     #[serde(deserialize_with = "name_list")]
     pub allow_hami_core_env_namespaces: Vec<String>,
+    /// Namespaces whose pods may name their own GPUs: an `NVIDIA_VISIBLE_DEVICES` other than
+    /// `none`, `void` or empty (directly or by `valueFrom`), or a mount at or under
+    /// `/var/run/nvidia-container-devices`, in any container. Default empty: refused everywhere
+    /// (KAI's own entry in a KAI fraction container excepted). Separate from
+    /// `allowHamiCoreEnvNamespaces`: that one lets a pod lift the cap on the GPUs it was granted,
+    /// this one lets it take GPUs it was never granted.
+    #[serde(deserialize_with = "name_list")]
+    pub allow_visible_devices_namespaces: Vec<String>,
     /// Namespaces where a pod may not choose `hami.io/limit-delivery: env` (on CREATE or UPDATE).
     /// Default empty: the per-pod choice is honoured everywhere.
     #[serde(deserialize_with = "name_list")]
@@ -44,6 +52,7 @@ impl Default for TenancySettings {
         Self {
             scheduler_annotation_writers: vec![HAMI_SCHEDULER_USER.to_owned()],
             allow_hami_core_env_namespaces: Vec::new(),
+            allow_visible_devices_namespaces: Vec::new(),
             forbid_env_delivery_namespaces: Vec::new(),
             kai_opt_out_namespaces: Vec::new(),
         }
@@ -66,6 +75,13 @@ impl TenancySettings {
     #[must_use]
     pub fn allows_hami_core_env(&self, namespace: Option<&str>) -> bool {
         listed(&self.allow_hami_core_env_namespaces, namespace)
+    }
+
+    /// Whether pods of `namespace` may name their own GPUs (`NVIDIA_VISIBLE_DEVICES`, the
+    /// device-list mount folder).
+    #[must_use]
+    pub fn allows_visible_devices(&self, namespace: Option<&str>) -> bool {
+        listed(&self.allow_visible_devices_namespaces, namespace)
     }
 
     /// Whether `hami.io/limit-delivery: env` is refused in `namespace`.
@@ -130,6 +146,7 @@ mod tests {
         assert!(!t.may_write_scheduler_annotations(Some("alice")));
         assert!(!t.may_write_scheduler_annotations(None));
         assert!(!t.allows_hami_core_env(Some("default")));
+        assert!(!t.allows_visible_devices(Some("default")));
         assert!(!t.forbids_env_delivery(Some("default")));
         assert!(!t.honours_kai_opt_out(Some("default")));
     }
