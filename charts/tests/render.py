@@ -124,7 +124,16 @@ SCENARIOS: dict[str, dict] = {
                 "preloadContainers": "all",
                 "limitDelivery": "env",
                 "missingBasis": "warn",
-            }
+            },
+            "tenancy": {
+                "schedulerAnnotationWriters": [
+                    "system:serviceaccount:hami-system:hami-scheduler",
+                    "system:serviceaccount:hami-limits:hami-limits-device-plugin",
+                ],
+                "allowHamiCoreEnvNamespaces": ["legacy-ml"],
+                "forbidEnvDeliveryNamespaces": ["tenant-a", "tenant-b"],
+                "kaiOptOutNamespaces": ["kai-debug"],
+            },
         }
     },
     "custom-names": {
@@ -245,6 +254,10 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("preloadContainers unknown", {"webhook": {"kai": {"preloadContainers": "first"}}}, "preloadContainers"),
     ("KAI limitDelivery in capitals", {"webhook": {"kai": {"limitDelivery": "Env"}}}, "limitDelivery"),
     ("missingBasis unknown", {"webhook": {"kai": {"missingBasis": "ignore"}}}, "missingBasis"),
+    ("tenancy namespace not a DNS label", {"webhook": {"tenancy": {"kaiOptOutNamespaces": ["ML_Team"]}}}, "kaiOptOutNamespaces"),
+    ("tenancy namespace list as a string", {"webhook": {"tenancy": {"allowHamiCoreEnvNamespaces": "ml"}}}, "allowHamiCoreEnvNamespaces"),
+    ("tenancy writer with a comma", {"webhook": {"tenancy": {"schedulerAnnotationWriters": ["a,b"]}}}, "schedulerAnnotationWriters"),
+    ("tenancy key spelt wrong", {"webhook": {"tenancy": {"kaiOptOutNamespace": []}}}, "kaiOptOutNamespace"),
     ("logFormat unknown", {"webhook": {"logFormat": "yaml"}}, "logFormat"),
     ("certDays zero", {"certs": {"certDays": 0}}, "certDays"),
     ("issuerRef kind unknown", {"certs": {"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}}, "kind"),

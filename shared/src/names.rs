@@ -56,6 +56,23 @@ pub const ANNOTATION_VGPU_DEVICES_ALLOCATED: &str = "hami.io/vgpu-devices-alloca
 pub const ANNOTATION_BIND_PHASE: &str = "hami.io/bind-phase";
 /// Unix seconds of the bind.
 pub const ANNOTATION_BIND_TIME: &str = "hami.io/bind-time";
+/// The MIG placements the HAMi scheduler reserved (JSON; the device plugin fills in the MIG UUIDs).
+pub const ANNOTATION_VGPU_MIG_ALLOCATIONS: &str = "hami.io/vgpu-mig-allocations";
+/// The pod label the HAMi scheduler sets beside [`ANNOTATION_VGPU_NODE`], to the same node name.
+pub const LABEL_VGPU_NODE: &str = ANNOTATION_VGPU_NODE;
+/// Every pod annotation the HAMi scheduler writes (and the device plugin updates): what the
+/// device plugin's `Allocate` trusts, so no one else may set them.
+pub const SCHEDULER_OWNED_ANNOTATIONS: [&str; 7] = [
+    ANNOTATION_VGPU_NODE,
+    ANNOTATION_VGPU_TIME,
+    ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
+    ANNOTATION_VGPU_DEVICES_ALLOCATED,
+    ANNOTATION_VGPU_MIG_ALLOCATIONS,
+    ANNOTATION_BIND_PHASE,
+    ANNOTATION_BIND_TIME,
+];
+/// Every pod label the HAMi scheduler writes.
+pub const SCHEDULER_OWNED_LABELS: [&str; 1] = [LABEL_VGPU_NODE];
 
 /// Values of [`ANNOTATION_BIND_PHASE`].
 pub const BIND_PHASE_ALLOCATING: &str = "allocating";
@@ -91,6 +108,9 @@ pub const ANNOTATION_GPU_FRACTION_CONTAINER_NAME: &str = "gpu-fraction-container
 pub const ANNOTATION_KAI_RESOURCE_ISOLATOR_INJECT: &str = "kai-resource-isolator.io/inject";
 /// KAI-resource-isolator opt-out label (`ignore`).
 pub const LABEL_KAI_RESOURCE_ISOLATOR_WEBHOOK: &str = "kai-resource-isolator.io/webhook";
+/// KAI: the prefix of the fraction container's ConfigMaps (`<prefix>-<index>`, and
+/// `<prefix>-<index>-evar` for its `envFrom`); KAI's admission sets it when the pod has none.
+pub const ANNOTATION_KAI_SHARED_GPU_CONFIGMAP: &str = "runai/shared-gpu-configmap";
 /// KAI queue label.
 pub const LABEL_KAI_QUEUE: &str = "kai.scheduler/queue";
 /// KAI's default scheduler name.
@@ -121,6 +141,14 @@ pub const LABEL_WEBHOOK_IGNORE: &str = "ignore";
 
 /// `true` disables the `/etc/ld.so.preload` mount for a container.
 pub const ENV_CUDA_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
+/// HAMi-core: the library its `dlsym` hook resolves `cu*` symbols from (default its own
+/// `/usr/local/vgpu/libvgpu.so`); another library there bypasses its CUDA hooks.
+pub const ENV_CUDA_REDIRECT: &str = "CUDA_REDIRECT";
+/// HAMi-core: `true`/`false`/`1`/`0`, read at start (stored, not acted on by HAMi-core `8f3a89c`).
+pub const ENV_ACTIVE_OOM_KILLER: &str = "ACTIVE_OOM_KILLER";
+/// HAMi-core: seconds between two records of the last kernel launch in the shared region (what
+/// HAMi's monitor reads to tell a busy task from an idle one).
+pub const ENV_RECORD_KERNEL_INTERVAL: &str = "RECORD_KERNEL_INTERVAL";
 /// Comma-separated GPU UUIDs for the NVIDIA container runtime.
 pub const ENV_NVIDIA_VISIBLE_DEVICES: &str = "NVIDIA_VISIBLE_DEVICES";
 

@@ -269,13 +269,15 @@ fn webhook_settings_keys_and_their_environment_names() {
     let code = flattened(&serde_json::to_value(&settings).unwrap());
     let main = sec(&doc, "hami-webhook settings file, environment and flags");
     let kai = sec(&doc, "The kai: section");
+    let tenancy = sec(&doc, "The tenancy: section");
     let mut listed = first_column(&main);
     listed.extend(first_column(&kai));
+    listed.extend(first_column(&tenancy));
     let mut problems = compare(
         &code,
         &listed,
-        "webhook/src/policy/settings.rs (`Settings`; `kai.*`: webhook/src/policy/kai/settings.rs `KaiSettings`)",
-        "\"hami-webhook settings file, environment and flags\" / \"The kai: section\"",
+        "webhook/src/policy/settings.rs (`Settings`; `kai.*`: webhook/src/policy/kai/settings.rs `KaiSettings`; `tenancy.*`: webhook/src/policy/tenancy/settings.rs `TenancySettings`)",
+        "\"hami-webhook settings file, environment and flags\" / \"The kai: section\" / \"The tenancy: section\"",
     );
 
     // Every environment name on a key's row: the loader's name for that key, or one the code
@@ -293,7 +295,7 @@ fn webhook_settings_keys_and_their_environment_names() {
         declared.insert(renamed.new.to_owned());
     }
     let longs: BTreeSet<String> = clap_flags.iter().flat_map(|f| f.names.clone()).collect();
-    for text in [&main, &kai] {
+    for text in [&main, &kai, &tenancy] {
         for row in table_rows(text) {
             let Some(key) = code_spans(&row.cells[0]).into_iter().next() else {
                 continue;

@@ -243,9 +243,17 @@ fn default_core_policy_sets_nothing() {
     assert_eq!(env_of(&pod, false, 0).len(), 2);
 }
 
+/// Settings that let namespace `ml-team` set HAMi-core's variables (HAMi's behaviour).
+fn allow_ml_team() -> Settings {
+    let mut settings = Settings::default();
+    settings.tenancy.allow_hami_core_env_namespaces = vec!["ml-team".to_owned()];
+    settings
+}
+
+/// In a namespace of `tenancy.allowHamiCoreEnvNamespaces`, HAMi's behaviour: left as is.
 #[test]
 fn variables_the_container_sets_are_left_alone_with_a_warning() {
-    let mut settings = Settings::default();
+    let mut settings = allow_ml_team();
     settings.nvidia.gpu_core_policy = CorePolicy::Force;
     let mut r = fixture(HAMI_POD);
     set(
@@ -407,14 +415,19 @@ fn gpu_container_mounts_where_the_device_plugin_mounts_are_denied() {
             "{path}"
         );
     }
-    // CUDA_DISABLE_CONTROL=true turns the preload-list mount off: the container may bring its own.
+    // CUDA_DISABLE_CONTROL=true turns the preload-list mount off: where the operator lets a
+    // namespace set it, the container may bring its own; elsewhere the variable is refused.
     let mut r = mount("/etc/ld.so.preload");
     set(
         &mut r,
         "/spec/containers/0/env",
         json!([{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]),
     );
-    assert_eq!(run(&r, &Settings::default()).outcome, Outcome::Patched);
+    assert_eq!(run(&r, &allow_ml_team()).outcome, Outcome::Patched);
+    assert!(
+        denied(&r, &Settings::default())
+            .contains(r#"container "infer": env CUDA_DISABLE_CONTROL is set by the pod to "true""#)
+    );
     // A container without GPUs is none of our business.
     let mut r = fixture(HAMI_POD);
     set(

@@ -32,6 +32,13 @@ fn settings(vram: u64) -> Settings {
     }
 }
 
+/// `s` with the namespaces of these tests (`ml-team` the request's, `ml` some objects') in
+/// `tenancy.allowHamiCoreEnvNamespaces`: HAMi's behaviour, a container's own variables left as is.
+fn allow(mut s: Settings) -> Settings {
+    s.tenancy.allow_hami_core_env_namespaces = vec!["ml-team".to_owned(), "ml".to_owned()];
+    s
+}
+
 /// The default settings with the opt-out `kai.missingBasis: warn`.
 fn warn() -> Settings {
     Settings {
@@ -417,7 +424,7 @@ fn containers_that_set_their_own_limit_get_no_env_and_no_file() {
         {"name": "from-ref", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]},
         {"name": "plain"}
     ]}});
-    let out = mutate(&pod, &settings(16384));
+    let out = mutate(&pod, &allow(settings(16384)));
     let spec = out.pod.spec.as_ref().unwrap();
     assert_eq!(
         env(&spec.containers[0], "CUDA_DEVICE_MEMORY_LIMIT"),
@@ -497,7 +504,7 @@ fn copied_variables_land_in_the_file_when_harmless() {
             {"name": "CUDA_TASK_PRIORITY", "value": "high"},
             {"name": "GPU_CORE_UTILIZATION_POLICY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}
     ]}});
-    let out = mutate(&pod, &settings(16384));
+    let out = mutate(&pod, &allow(settings(16384)));
     let a = annotation(&out.pod, "limits.hami.io/a").unwrap();
     assert_eq!(
         a,
@@ -790,7 +797,7 @@ fn warnings_are_capped() {
         c["env"] =
             json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": format!("{}m", name.len())}]);
     }
-    let out = mutate(&pod, &settings(16384));
+    let out = mutate(&pod, &allow(settings(16384)));
     assert_eq!(
         out.warnings.len(),
         hami_webhook::policy::mutation::MAX_WARNINGS + 1
@@ -801,11 +808,38 @@ fn warnings_are_capped() {
     );
 }
 
+/// A pod's own KAI opt-out counts only in the namespaces of `tenancy.kaiOptOutNamespaces`;
+/// elsewhere the pod is mutated as any KAI pod, with a warning saying the opt-out was ignored.
 #[test]
 fn opted_out_and_other_scheduler_pods_are_untouched() {
-    let mut pod = object(SMALL);
-    pod["metadata"]["annotations"]["kai-resource-isolator.io/inject"] = json!("False");
-    assert_eq!(decide(&pod, &settings(16384)), Decision::allow());
+    let honoured = |mut s: Settings| {
+        s.tenancy.kai_opt_out_namespaces = vec!["ml-team".to_owned()];
+        s
+    };
+    let plain = mutate(&object(SMALL), &settings(16384));
+    for (key, value, label) in [
+        ("kai-resource-isolator.io/inject", "False", false),
+        ("kai-resource-isolator.io/webhook", "ignore", true),
+    ] {
+        let mut pod = object(SMALL);
+        let field = if label { "labels" } else { "annotations" };
+        pod["metadata"][field][key] = json!(value);
+        assert_eq!(
+            decide(&pod, &honoured(settings(16384))),
+            Decision::allow(),
+            "{key}"
+        );
+        let out = mutate(&pod, &settings(16384));
+        assert_eq!(out.files, plain.files, "{key}");
+        let kind = if label { "label" } else { "annotation" };
+        assert_eq!(
+            out.warnings,
+            [format!(
+                "the pod's opt-out {kind} {key}={value:?} is ignored: in namespace \"ml-team\" only the operator turns HAMi-core and the GPU memory cap off (tenancy.kaiOptOutNamespaces)"
+            )],
+            "{key}"
+        );
+    }
     let mut pod = object(SMALL);
     pod["spec"]["schedulerName"] = json!("default-scheduler");
     assert_eq!(decide(&pod, &settings(16384)), Decision::allow());
@@ -1001,7 +1035,7 @@ fn duplicated_env_entries_follow_kubernetes_the_last_one_wins() {
         {"name": "CUDA_TASK_PRIORITY", "value": "2"},
         {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"}
     ]);
-    let out = mutate(&pod, &settings(16384));
+    let out = mutate(&pod, &allow(settings(16384)));
     let (container, text) = &out.files[0];
     assert_eq!(container, "train");
     assert_eq!(
@@ -1043,7 +1077,7 @@ fn duplicated_env_entries_follow_kubernetes_the_last_one_wins() {
         {"name": "CUDA_TASK_PRIORITY", "value": "1"},
         {"name": "CUDA_TASK_PRIORITY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     ]);
-    let out = mutate(&pod, &settings(16384));
+    let out = mutate(&pod, &allow(settings(16384)));
     assert!(
         !out.files[0].1.contains("CUDA_TASK_PRIORITY"),
         "{}",
@@ -1235,7 +1269,7 @@ fn the_opt_out_gives_each_preloaded_container_a_file_saying_it_is_uncapped() {
             {"name": "main"},
             {"name": "own", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1000m"}]}
         ]}});
-    let mut s = warn();
+    let mut s = allow(warn());
     s.kai.preload_containers = PreloadContainers::All;
     let out = mutate(&pod, &s);
     // Every preloaded container without a limit of its own; none gets a cap.

@@ -2,11 +2,14 @@
 //!
 //! [`decide`] checks the request envelope and runs each policy over one parsed pod:
 //!
+//! 0. [`crate::policy::tenancy::scheduler_owned`] — remove the HAMi scheduler's annotations (every
+//!    pod);
 //! 1. [`crate::policy::delivery`] — validate `hami.io/limit-delivery` (every pod);
 //! 2. [`crate::policy::hami`] — HAMi GPU pods: task priority, core policy, scheduler, privileged check;
 //! 3. [`crate::policy::kai`] — KAI fractional pods: HAMi-core preload, memory cap, limits files.
 //!
-//! An `UPDATE` goes to [`crate::policy::update`] instead: the webhook-owned annotations are frozen.
+//! An `UPDATE` goes to [`crate::policy::update`] instead: the webhook-owned annotations are frozen,
+//! the scheduler's are written only by the identities the operator names.
 //!
 //! A policy reads the pod through [`PodMutation::pod`], asks for changes through
 //! [`PodMutation::patch`], adds warnings with [`PodMutation::warn`], records what the shell should
@@ -16,6 +19,7 @@
 use crate::policy::basis::VramBasis;
 use crate::policy::mutation::{Decision, Denial, PodMutation};
 use crate::policy::settings::Settings;
+use crate::policy::tenancy::scheduler_owned;
 use crate::policy::{delivery, hami, kai, update};
 use crate::wire::pod::Pod;
 use crate::wire::review::AdmissionRequest;
@@ -47,7 +51,13 @@ pub fn decide(
                     message: "invalid AdmissionReview: request.object and request.oldObject are required for UPDATE".to_owned(),
                 };
             };
-            return update::review(pod, old, request.namespace.as_deref());
+            return update::review(
+                pod,
+                old,
+                request.namespace.as_deref(),
+                request.username(),
+                &settings.tenancy,
+            );
         }
         Some(_) => return Decision::allow(),
         None => {
@@ -73,9 +83,10 @@ pub fn decide_pod(
     vram: &dyn VramBasis,
 ) -> Decision {
     let mut m = PodMutation::new(pod, request_namespace);
-    let result = delivery::validate(&m).and_then(|delivery| {
+    scheduler_owned::strip(&mut m);
+    let result = delivery::validate(&m, &settings.tenancy).and_then(|delivery| {
         hami::mutate(&mut m, settings)?;
-        kai::mutate(&mut m, &settings.kai, vram, delivery)
+        kai::mutate(&mut m, settings, vram, delivery)
     });
     match result {
         Ok(()) => m.into_decision(),

@@ -8,7 +8,9 @@
 //! is not a HAMi pod and nothing is changed. A privileged GPU container sees every GPU of the node,
 //! so it is denied (configurable). A GPU container's own mount at `/overrideEnv` or
 //! `/etc/ld.so.preload` (where the device plugin mounts the limits file and the preload list) is
-//! denied: it would replace them.
+//! denied: it would replace them. A GPU container may not set HAMi-core's variables itself
+//! ([`crate::policy::tenancy::hami_core_env`]; `tenancy.allowHamiCoreEnvNamespaces` lifts it):
+//! `CUDA_TASK_PRIORITY` and `GPU_CORE_UTILIZATION_POLICY` only to the value set here.
 //!
 //! Two more of HAMi's webhook settings (HAMi v2.10.0 `pkg/device/nvidia/device.go`):
 //! `defaultGPUNum` (`mutateContainerResource`, lines 398-415): a container whose **limits** name
@@ -26,6 +28,7 @@ use hami_shared::values::{CorePolicy, TaskPriority};
 
 use crate::policy::mutation::{Denial, PodMutation};
 use crate::policy::settings::Settings;
+use crate::policy::tenancy::hami_core_env::{self, Expected};
 use crate::wire::mountpath::resolve;
 use crate::wire::pod::{Container, ContainerRef, DEFAULT_SCHEDULER};
 
@@ -33,7 +36,8 @@ use crate::wire::pod::{Container, ContainerRef, DEFAULT_SCHEDULER};
 ///
 /// # Errors
 /// [`Denial`] for a privileged GPU container (when configured), a priority limit that is not an
-/// integer, or a GPU container's own mount at `/overrideEnv` or `/etc/ld.so.preload`.
+/// integer, a GPU container's own mount at `/overrideEnv` or `/etc/ld.so.preload`, or one of
+/// HAMi-core's variables it sets itself.
 pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), Denial> {
     let pod = m.pod();
     let scheduler = pod.spec.scheduler_name.as_deref().unwrap_or("");
@@ -45,6 +49,7 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
     let gpu_names = nvidia.gpu_resource_names();
     let kai_pod = pod.annotation(ANNOTATION_GPU_MEMORY).is_some()
         || pod.annotation(ANNOTATION_GPU_FRACTION).is_some();
+    let env_allowed = settings.tenancy.allows_hami_core_env(m.namespace());
     let mut any_gpu = false;
     for (at, container) in pod.all_containers() {
         let gets_gpu = container.limit(&nvidia.resource_count_name).is_some()
@@ -71,7 +76,7 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
         };
         any_gpu = true;
         m.check_patch_size()?;
-        mutate_gpu_container(m, at, container, resource, settings)?;
+        mutate_gpu_container(m, at, container, resource, settings, env_allowed)?;
     }
     if any_gpu && retarget {
         m.patch.set_scheduler_name(&settings.scheduler_name);
@@ -79,14 +84,16 @@ pub fn mutate(m: &mut PodMutation<'_, '_>, settings: &Settings) -> Result<(), De
     Ok(())
 }
 
-/// One GPU container (it names `resource`): the privileged check, the device plugin's mount
-/// paths, `CUDA_TASK_PRIORITY` from the priority limit and `GPU_CORE_UTILIZATION_POLICY`.
+/// One GPU container (it names `resource`): the privileged check, HAMi-core's variables (unless
+/// `env_allowed`), the device plugin's mount paths, `CUDA_TASK_PRIORITY` from the priority limit
+/// and `GPU_CORE_UTILIZATION_POLICY`.
 fn mutate_gpu_container(
     m: &mut PodMutation<'_, '_>,
     at: ContainerRef,
     container: &Container<'_>,
     resource: &str,
     settings: &Settings,
+    env_allowed: bool,
 ) -> Result<(), Denial> {
     if container.is_privileged() {
         let why = format!(
@@ -98,24 +105,35 @@ fn mutate_gpu_container(
         }
         m.warn(format!("{why}; its GPU limits cannot be enforced"));
     }
-    check_device_plugin_mounts(m, container)?;
     let priority_name = settings.nvidia.resource_priority_name.as_str();
-    if let Some(raw) = container.limit(priority_name) {
-        let priority: TaskPriority = raw.parse().map_err(|_| {
-            m.deny(format_args!(
-                "container {:?}: limit {priority_name}={raw:?} is not an integer",
-                container.name
-            ))
-        })?;
-        set_env(
-            m,
-            at,
-            container,
-            ENV_CUDA_TASK_PRIORITY,
-            &priority.to_string(),
-        );
-    }
+    let priority = match container.limit(priority_name) {
+        Some(raw) => {
+            let priority: TaskPriority = raw.parse().map_err(|_| {
+                m.deny(format_args!(
+                    "container {:?}: limit {priority_name}={raw:?} is not an integer",
+                    container.name
+                ))
+            })?;
+            Some((priority.to_string(), format!("limit {priority_name}={raw}")))
+        }
+        None => None,
+    };
     let policy = settings.nvidia.gpu_core_policy;
+    let expected = Expected {
+        priority: priority.clone(),
+        core_policy: (policy != CorePolicy::Default).then(|| {
+            (
+                policy.as_str().to_owned(),
+                "nvidia.gpuCorePolicy".to_owned(),
+            )
+        }),
+        ..Expected::default()
+    };
+    hami_core_env::check(m, container, &expected, env_allowed)?;
+    check_device_plugin_mounts(m, container)?;
+    if let Some((value, _)) = &priority {
+        set_env(m, at, container, ENV_CUDA_TASK_PRIORITY, value);
+    }
     if policy != CorePolicy::Default {
         set_env(
             m,

@@ -189,6 +189,16 @@ impl<'p, 'a> PodMutation<'p, 'a> {
         self.pod
     }
 
+    /// The pod's namespace for the settings that are per namespace: the request's (the API server
+    /// took it from the URL and checked the object against it), else the object's (offline).
+    #[must_use]
+    pub fn namespace(&self) -> Option<&'p str> {
+        self.request_namespace
+            .filter(|n| !n.is_empty())
+            .or(self.pod.metadata.namespace.as_deref())
+            .filter(|n| !n.is_empty())
+    }
+
     /// `<namespace>/<name>` (or `generateName`) for messages.
     #[must_use]
     pub fn pod_name(&self) -> String {

@@ -6,8 +6,8 @@
 //! Keys use HAMi's names where HAMi has them: the `nvidia:` section is the part of HAMi's
 //! `device-config.yaml` section that admission reads ([`NvidiaAdmission`], in `hami-shared`, the
 //! one definition of those keys, which the device plugin's `NvidiaConfig` holds too); its other
-//! keys are accepted and ignored, so HAMi's own file can be passed as is. The `server:` and `kai:`
-//! sections are ours: an unknown key there is refused with a message naming it. The top level and
+//! keys are accepted and ignored, so HAMi's own file can be passed as is. The `server:`, `kai:`
+//! and `tenancy:` sections are ours: an unknown key there is refused with a message naming it. The top level and
 //! `nvidia:` stay lenient, for HAMi's file.
 
 use std::net::SocketAddr;
@@ -19,6 +19,7 @@ use hami_shared::config::NvidiaAdmission;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::kai::settings::KaiSettings;
+use crate::policy::tenancy::settings::TenancySettings;
 
 /// Every setting of the webhook. Each field has a documented default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -35,6 +36,8 @@ pub struct Settings {
     pub server: ServerSettings,
     /// KAI fractional-sharing pods.
     pub kai: KaiSettings,
+    /// What a tenant's pod may not do, and the operator's per-namespace escape hatches.
+    pub tenancy: TenancySettings,
     /// A HAMi `device-config.yaml` (e.g. HAMi's own ConfigMap, mounted) whose `nvidia:` section is
     /// used instead of one in this file (its other sections are ignored). Read by the loader
     /// (`Settings::load_from_env`, in `crate::shell::settings_load`);
@@ -51,6 +54,7 @@ impl Default for Settings {
             deny_privileged_gpu_containers: true,
             server: ServerSettings::default(),
             kai: KaiSettings::default(),
+            tenancy: TenancySettings::default(),
             device_config_file: None,
         }
     }

@@ -3,16 +3,22 @@
 //! Kubelet re-reads a projected file when a container restarts, so a pod that could rewrite its
 //! `limits.hami.io/<container>` annotation could raise its own limit. Those keys are written at
 //! creation ([`crate::policy::kai::downward`]) and frozen after it: an update that adds, changes or
-//! removes one is denied, naming the key. A changed `hami.io/limit-delivery` must be valid (an
-//! unchanged legacy value is let through: the pod was admitted with it). Anything else is allowed
+//! removes one is denied, naming the key. The HAMi scheduler's annotations and label
+//! ([`crate::policy::tenancy::scheduler_owned`]) may be added, changed or removed only by the
+//! usernames of `tenancy.schedulerAnnotationWriters`. A changed `hami.io/limit-delivery` must be
+//! valid (an unchanged legacy value is let through: the pod was admitted with it), and may not
+//! become `env` in a namespace of `tenancy.forbidEnvDeliveryNamespaces`. Anything else is allowed
 //! unchanged: no patch is ever made on UPDATE.
 
 use std::collections::BTreeMap;
 
 use hami_shared::names::ANNOTATION_LIMIT_DELIVERY;
+use hami_shared::values::LimitDelivery;
 
 use crate::policy::kai::downward::ANNOTATION_PREFIX;
 use crate::policy::mutation::Decision;
+use crate::policy::tenancy::TenancySettings;
+use crate::policy::tenancy::scheduler_owned;
 use crate::wire::pod::{ObjectMeta, Pod, PodMetadata};
 
 /// How many offending keys a message names before it says "and N more".
@@ -28,9 +34,15 @@ fn owned<'m>(meta: &'m ObjectMeta<'_>) -> BTreeMap<&'m str, &'m str> {
         .collect()
 }
 
-/// Decide an UPDATE of a pod from `old` to `pod`.
+/// Decide an UPDATE of a pod from `old` to `pod` asked by `user` (`request.userInfo.username`).
 #[must_use]
-pub fn review(pod: &Pod<'_>, old: &PodMetadata<'_>, request_namespace: Option<&str>) -> Decision {
+pub fn review(
+    pod: &Pod<'_>,
+    old: &PodMetadata<'_>,
+    request_namespace: Option<&str>,
+    user: Option<&str>,
+    tenancy: &TenancySettings,
+) -> Decision {
     let deny = |reason: String| Decision::Deny {
         message: format!("pod {}: {reason}", pod.display_name(request_namespace)),
     };
@@ -60,6 +72,11 @@ pub fn review(pod: &Pod<'_>, old: &PodMetadata<'_>, request_namespace: Option<&s
             "this update {list}: the {ANNOTATION_PREFIX}* annotations hold the limits files hami-limits wrote when the pod was created and may not be added, changed or removed afterwards (create a new pod instead)"
         ));
     }
+    if let Some(reason) =
+        scheduler_owned::review_update(&pod.metadata, &old.metadata, user, tenancy)
+    {
+        return deny(reason);
+    }
     let was = old
         .metadata
         .annotations
@@ -67,9 +84,19 @@ pub fn review(pod: &Pod<'_>, old: &PodMetadata<'_>, request_namespace: Option<&s
         .and_then(|a| a.get(ANNOTATION_LIMIT_DELIVERY));
     if let Some(value) = pod.annotation(ANNOTATION_LIMIT_DELIVERY)
         && Some(value) != was
-        && let Err(reason) = crate::policy::delivery::parse(value)
     {
-        return deny(reason);
+        match crate::policy::delivery::parse(value) {
+            Err(reason) => return deny(reason),
+            Ok(LimitDelivery::Env) => {
+                let namespace = request_namespace
+                    .filter(|n| !n.is_empty())
+                    .or(pod.metadata.namespace.as_deref());
+                if let Some(reason) = crate::policy::delivery::forbidden(namespace, tenancy) {
+                    return deny(reason);
+                }
+            }
+            Ok(LimitDelivery::File) => {}
+        }
     }
     Decision::allow()
 }
@@ -84,7 +111,7 @@ mod tests {
         let new_text = new.to_string();
         let old: PodMetadata<'_> = serde_json::from_str(&old_text).unwrap();
         let new: Pod<'_> = serde_json::from_str(&new_text).unwrap();
-        review(&new, &old, Some("ml"))
+        review(&new, &old, Some("ml"), None, &TenancySettings::default())
     }
 
     fn pod(annotations: serde_json::Value) -> serde_json::Value {

@@ -260,6 +260,47 @@ mod tests {
     }
 
     #[test]
+    fn tenancy_from_file_and_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("webhook.yaml");
+        std::fs::write(
+            &file,
+            "tenancy:\n  allowHamiCoreEnvNamespaces: [legacy]\n  kaiOptOutNamespaces: [a]\n",
+        )
+        .unwrap();
+        let env = [
+            ("HAMI_TENANCY__KAI_OPT_OUT_NAMESPACES", "b, c"),
+            (
+                "HAMI_TENANCY__SCHEDULERANNOTATIONWRITERS",
+                "system:serviceaccount:hami:hami-scheduler,system:serviceaccount:hami:plugin",
+            ),
+            ("HAMI_TENANCY__FORBIDENVDELIVERYNAMESPACES", ""),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let (s, _) = Settings::load_from_env(Some(&file), env).unwrap();
+        assert_eq!(s.tenancy.allow_hami_core_env_namespaces, ["legacy"]);
+        assert_eq!(s.tenancy.kai_opt_out_namespaces, ["b", "c"]);
+        assert_eq!(
+            s.tenancy.scheduler_annotation_writers,
+            [
+                "system:serviceaccount:hami:hami-scheduler",
+                "system:serviceaccount:hami:plugin"
+            ]
+        );
+        assert!(s.tenancy.forbid_env_delivery_namespaces.is_empty());
+        let (s, _) = Settings::load_from_env(None, std::iter::empty()).unwrap();
+        assert_eq!(
+            s.tenancy,
+            crate::policy::tenancy::TenancySettings::default()
+        );
+        std::fs::write(&file, "tenancy:\n  allowHamiCoreEnv: [x]\n").unwrap();
+        let err = Settings::load_from_env(Some(&file), std::iter::empty())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("allowHamiCoreEnv"), "{err}");
+    }
+
+    #[test]
     fn old_environment_names_still_work_with_a_notice() {
         let env = |pairs: &[(&str, &str)]| {
             pairs

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::wire::pod::{ContainerRef, Pod};
 
-/// One JSONPatch operation. Only `add`, `replace` and (for webhook-owned annotations) `remove`
-/// are ever produced.
+/// One JSONPatch operation. Only `add`, `replace` and `remove` (webhook- and scheduler-owned
+/// annotations and labels a pod may not carry) are ever produced.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PatchOp {
     pub op: PatchOpKind,
@@ -168,6 +168,7 @@ pub struct PodPatch<'p, 'a> {
     annotation_index: HashMap<String, usize>,
     removed_annotations: Vec<String>,
     removed_index: HashSet<String>,
+    removed_labels: Vec<String>,
     /// Estimated bytes of the rendered JSONPatch (at least its real size).
     bytes: usize,
     /// (name, volume).
@@ -186,6 +187,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             annotation_index: HashMap::new(),
             removed_annotations: Vec::new(),
             removed_index: HashSet::new(),
+            removed_labels: Vec::new(),
             bytes: 0,
             volumes: Vec::new(),
             containers: BTreeMap::new(),
@@ -217,6 +219,7 @@ impl<'p, 'a> PodPatch<'p, 'a> {
         self.scalars.is_empty()
             && self.annotations.is_empty()
             && self.removed_annotations.is_empty()
+            && self.removed_labels.is_empty()
             && self.volumes.is_empty()
             && self.containers.is_empty()
     }
@@ -261,6 +264,22 @@ impl<'p, 'a> PodPatch<'p, 'a> {
         if present && !self.removed_index.contains(key) && self.spend(OP_OVERHEAD + json_len(key)) {
             self.removed_index.insert(key.to_owned());
             self.removed_annotations.push(key.to_owned());
+        }
+    }
+
+    /// Remove label `key` when the pod has it (a key the pod must not carry).
+    pub fn remove_label(&mut self, key: &str) {
+        let present = self
+            .pod
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(key));
+        if present
+            && !self.removed_labels.iter().any(|k| k == key)
+            && self.spend(OP_OVERHEAD + json_len(key))
+        {
+            self.removed_labels.push(key.to_owned());
         }
     }
 
@@ -382,6 +401,13 @@ impl<'p, 'a> PodPatch<'p, 'a> {
     #[must_use]
     pub fn into_ops(self) -> Vec<PatchOp> {
         let mut ops = self.scalars;
+        for k in self.removed_labels {
+            ops.push(PatchOp {
+                op: PatchOpKind::Remove,
+                path: format!("/metadata/labels/{}", escape_token(&k)),
+                value: PatchValue::Null,
+            });
+        }
         for k in self.removed_annotations {
             ops.push(PatchOp {
                 op: PatchOpKind::Remove,

@@ -10,7 +10,7 @@ use std::fmt;
 
 use hami_shared::container::SpecEnv;
 use serde::Deserialize;
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 /// The scheduler name Kubernetes fills in when a pod names none.
@@ -133,7 +133,8 @@ pub struct ObjectMeta<'a> {
 }
 
 /// One `env` entry. Only the name matters to most decisions; the literal value is kept for those
-/// that copy it (the limits file), and `valueFrom` only as "present".
+/// that copy it (the limits file), and of `valueFrom` only the ConfigMap a `configMapKeyRef`
+/// names (KAI's own entries are recognised by it).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EnvVar<'a> {
@@ -141,8 +142,8 @@ pub struct EnvVar<'a> {
     pub name: Cow<'a, str>,
     #[serde(borrow, default, deserialize_with = "opt_cow")]
     pub value: Option<Cow<'a, str>>,
-    #[serde(default)]
-    pub value_from: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    pub value_from: Option<EnvVarSource<'a>>,
 }
 
 impl EnvVar<'_> {
@@ -150,6 +151,56 @@ impl EnvVar<'_> {
     #[must_use]
     pub fn is_value_from(&self) -> bool {
         self.value_from.is_some()
+    }
+
+    /// The ConfigMap of a `valueFrom.configMapKeyRef`, if that is where the value comes from.
+    #[must_use]
+    pub fn config_map_key_ref(&self) -> Option<&str> {
+        self.value_from
+            .as_ref()?
+            .config_map_key_ref
+            .as_ref()
+            .map(|r| r.name.as_ref())
+    }
+}
+
+/// `valueFrom` of an `env` entry: only the `configMapKeyRef`'s ConfigMap is read.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarSource<'a> {
+    #[serde(borrow, default)]
+    pub config_map_key_ref: Option<ObjectRef<'a>>,
+}
+
+/// A reference by name (`configMapKeyRef`, `configMapRef`, `secretRef`); the other fields are
+/// skipped.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ObjectRef<'a> {
+    #[serde(borrow, default)]
+    pub name: Cow<'a, str>,
+}
+
+/// One `envFrom` entry: every key of a ConfigMap or Secret, each name prefixed with `prefix`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvFromSource<'a> {
+    #[serde(borrow, default, deserialize_with = "opt_cow")]
+    pub prefix: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    pub config_map_ref: Option<ObjectRef<'a>>,
+    #[serde(borrow, default)]
+    pub secret_ref: Option<ObjectRef<'a>>,
+}
+
+impl EnvFromSource<'_> {
+    /// `configMapRef "<name>"` or `secretRef "<name>"`, for messages.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match (&self.config_map_ref, &self.secret_ref) {
+            (Some(c), _) => format!("configMapRef {:?}", c.name),
+            (None, Some(s)) => format!("secretRef {:?}", s.name),
+            (None, None) => "a source with no configMapRef or secretRef".to_owned(),
+        }
     }
 }
 
@@ -258,6 +309,8 @@ pub struct Container<'a> {
     pub name: Cow<'a, str>,
     #[serde(borrow, default)]
     pub env: Option<Vec<EnvVar<'a>>>,
+    #[serde(borrow, default)]
+    pub env_from: Option<Vec<EnvFromSource<'a>>>,
     #[serde(borrow, default)]
     pub resources: Option<Resources<'a>>,
     #[serde(default)]
@@ -402,6 +455,12 @@ impl<'a> Pod<'a> {
     #[must_use]
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata.annotations.as_ref()?.get(key)
+    }
+
+    /// `labels[key]`.
+    #[must_use]
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key)
     }
 
     /// Init containers first, then containers, with their positions.

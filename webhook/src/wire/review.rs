@@ -58,8 +58,26 @@ pub struct AdmissionRequest<'a> {
     /// The pod before an UPDATE (metadata only); `None` for CREATE.
     #[serde(borrow, default)]
     pub old_object: Option<PodMetadata<'a>>,
+    /// Who sent the request (the API server authenticated it).
+    #[serde(borrow, default)]
+    pub user_info: Option<UserInfo<'a>>,
     #[serde(default)]
     pub dry_run: Option<bool>,
+}
+
+/// `request.userInfo`: only the username is read.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UserInfo<'a> {
+    #[serde(borrow, default, deserialize_with = "crate::wire::pod::opt_cow")]
+    pub username: Option<Cow<'a, str>>,
+}
+
+impl AdmissionRequest<'_> {
+    /// `request.userInfo.username`, if the review carries one.
+    #[must_use]
+    pub fn username(&self) -> Option<&str> {
+        self.user_info.as_ref()?.username.as_deref()
+    }
 }
 
 /// Why a body is refused before any review is read: answered with HTTP 400, not an

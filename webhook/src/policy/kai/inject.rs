@@ -171,13 +171,22 @@ pub enum LimitState {
     Unset,
     /// It sets exactly the variable the webhook would add (an already-mutated pod).
     Ours,
+    /// KAI's `hamicore` admission replaced the webhook's variable by its own
+    /// (`valueFrom.configMapKeyRef` of `kai_config_map`): the webhook's limits file still applies
+    /// in `file` delivery, and adding the variable again would only make KAI replace it again.
+    Kai,
     /// It sets its own (`valueFrom`, another value, or a per-device `_<i>`): left alone.
     Own(String),
 }
 
-/// Classify `container` for a limit of `value` (`<N>m`).
+/// Classify `container` for a limit of `value` (`<N>m`); `kai_config_map` is the ConfigMap of
+/// KAI's own `CUDA_DEVICE_MEMORY_LIMIT` when `container` is KAI's fraction container.
 #[must_use]
-pub fn limit_state(container: &Container<'_>, value: &str) -> LimitState {
+pub fn limit_state(
+    container: &Container<'_>,
+    value: &str,
+    kai_config_map: Option<&str>,
+) -> LimitState {
     let mut vars = container
         .env
         .as_deref()
@@ -197,6 +206,13 @@ pub fn limit_state(container: &Container<'_>, value: &str) -> LimitState {
     {
         return LimitState::Ours;
     }
+    if only
+        && first.name == ENV_CUDA_DEVICE_MEMORY_LIMIT
+        && kai_config_map.is_some()
+        && first.config_map_key_ref() == kai_config_map
+    {
+        return LimitState::Kai;
+    }
     let how = if shown.is_value_from() {
         "from valueFrom".to_owned()
     } else {
@@ -205,15 +221,38 @@ pub fn limit_state(container: &Container<'_>, value: &str) -> LimitState {
     LimitState::Own(format!("{} {how}", shown.name))
 }
 
+/// Whether `container` sets a memory-limit variable of its own (KAI's entry in its fraction
+/// container, `kai` = (container, ConfigMap), is not the container's own).
+#[must_use]
+pub fn sets_own_limit(
+    at: ContainerRef,
+    container: &Container<'_>,
+    kai: Option<(ContainerRef, &str)>,
+) -> bool {
+    let kai_cm = kai.filter(|(c, _)| *c == at).map(|(_, cm)| cm);
+    container
+        .env
+        .iter()
+        .flatten()
+        .filter(|e| is_memory_limit_var(&e.name))
+        .any(|e| {
+            !(e.name == ENV_CUDA_DEVICE_MEMORY_LIMIT
+                && kai_cm.is_some()
+                && e.config_map_key_ref() == kai_cm)
+        })
+}
+
 /// Add `CUDA_DEVICE_MEMORY_LIMIT=<mib>m` to every container and init container that does not set
 /// a memory-limit variable of its own. Returns the limit and the containers whose limit is the
-/// webhook's (added now, or already present from an earlier review).
+/// webhook's (added now, or already present from an earlier review, or replaced by KAI's own
+/// entry: `kai` = (KAI's fraction container, the ConfigMap of that entry)).
 ///
 /// # Errors
 /// [`Denial`] when `mib` is not a limit HAMi-core can hold (0 or too large).
 pub fn memory_limit(
     m: &mut PodMutation<'_, '_>,
     mib: u64,
+    kai: Option<(ContainerRef, &str)>,
 ) -> Result<(MemoryLimitMib, Vec<ContainerRef>), Denial> {
     let limit = MemoryLimitMib::new(mib)
         .map_err(|e| m.deny(format_args!("memory limit {mib} MiB: {e}")))?;
@@ -223,7 +262,8 @@ pub fn memory_limit(
     let mut limited = Vec::new();
     for (at, container) in pod.all_containers() {
         m.check_patch_size()?;
-        match limit_state(container, &value) {
+        let kai_cm = kai.filter(|(c, _)| *c == at).map(|(_, cm)| cm);
+        match limit_state(container, &value, kai_cm) {
             LimitState::Unset => {
                 if !m.patch.container_has_env(at, ENV_CUDA_DEVICE_MEMORY_LIMIT) {
                     m.patch
@@ -231,7 +271,7 @@ pub fn memory_limit(
                 }
                 limited.push(at);
             }
-            LimitState::Ours => limited.push(at),
+            LimitState::Ours | LimitState::Kai => limited.push(at),
             LimitState::Own(how) => m.warn(format!(
                 "container {:?} sets {how}; left as is (the KAI request would set {ENV_CUDA_DEVICE_MEMORY_LIMIT}={value})",
                 container.name
@@ -296,6 +336,18 @@ mod tests {
                 LimitState::Own("CUDA_DEVICE_MEMORY_LIMIT from valueFrom".into()),
             ),
             (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","valueFrom":{"configMapKeyRef":{"name":"kai-cm-0","key":"k","optional":true}}}]"#,
+                LimitState::Kai,
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT_0","valueFrom":{"configMapKeyRef":{"name":"kai-cm-0","key":"k"}}}]"#,
+                LimitState::Own("CUDA_DEVICE_MEMORY_LIMIT_0 from valueFrom".into()),
+            ),
+            (
+                r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT","valueFrom":{"secretKeyRef":{"name":"kai-cm-0","key":"k"}}}]"#,
+                LimitState::Own("CUDA_DEVICE_MEMORY_LIMIT from valueFrom".into()),
+            ),
+            (
                 r#"[{"name":"CUDA_DEVICE_MEMORY_LIMIT_0","value":"4096m"}]"#,
                 LimitState::Own(r#"CUDA_DEVICE_MEMORY_LIMIT_0 to "4096m""#.into()),
             ),
@@ -316,7 +368,7 @@ mod tests {
             let json = format!(r#"{{"spec":{{"containers":[{{"name":"c","env":{env}}}]}}}}"#);
             let pod: Pod<'_> = serde_json::from_str(&json).unwrap();
             assert_eq!(
-                &limit_state(&pod.spec.containers[0], "4096m"),
+                &limit_state(&pod.spec.containers[0], "4096m", Some("kai-cm-0")),
                 expected,
                 "{env}"
             );

@@ -3,12 +3,15 @@
 //!
 //! Steps, each in its own module:
 //!
-//! 1. [`select`]: is this a KAI pod (annotation + scheduler, opt-outs), and is its request valid?
+//! 1. [`select`]: is this a KAI pod (annotation + scheduler), does its own opt-out count (only in
+//!    the namespaces of `tenancy.kaiOptOutNamespaces`), and is its request valid?
 //! 2. [`quantity`]: the request in MiB, with exact decimal arithmetic; a fraction needs the
 //!    per-GPU VRAM basis ([`crate::policy::basis::VramBasis`], passed in by the caller) narrowed to the
 //!    nodes the pod can land on ([`crate::policy::placement`]).
 //! 3. [`inject`]: the HAMi-core preload (hostPath volume, two mounts) into the target containers,
-//!    and the limit variable into every container that does not set one.
+//!    which may not set HAMi-core's variables themselves
+//!    ([`crate::policy::tenancy::hami_core_env`]; KAI's own entries excepted), and the limit
+//!    variable into every container that does not set one.
 //! 4. [`downward`]: in `file` delivery mode, the per-container limits file as a webhook-owned
 //!    annotation, projected read-only at `/overrideEnv`; for `gpu-fraction` it also carries the
 //!    fraction and the node GPU file's path (the preload library's exact per-node cap), and for a
@@ -30,40 +33,95 @@ use hami_shared::values::LimitDelivery;
 use crate::policy::basis::{Basis, SkipReason, VramBasis};
 use crate::policy::mutation::{Denial, KaiLimit, Observation, PodMutation};
 use crate::policy::placement::Placement;
+use crate::policy::settings::Settings;
+use crate::policy::tenancy::hami_core_env::{self, Expected, KaiEntries};
 use crate::wire::pod::ContainerRef;
 use downward::FileCap;
 
 pub use select::KaiRequest;
 pub use settings::{KaiSettings, MissingBasis, PreloadContainers};
 
-/// Apply the KAI mutations to a pod. `vram` is the per-GPU VRAM basis for `gpu-fraction` pods,
+/// Apply the KAI mutations to a pod (`settings.kai`, and `settings.tenancy` for the pod's own
+/// opt-out and HAMi-core's variables). `vram` is the per-GPU VRAM basis for `gpu-fraction` pods,
 /// used when `kai.perGpuVramMib` is not set; `annotation_delivery` is the pod's parsed
 /// `hami.io/limit-delivery`; what happened is recorded as observations.
 ///
 /// # Errors
 /// [`Denial`] for an invalid KAI request (bad or conflicting annotations, a container name that
-/// matches nothing, a cap below 1 MiB), a pod that would bypass the limits file, or (with
-/// `kai.missingBasis: deny`, the default) a `gpu-fraction` pod whose cap cannot be computed.
+/// matches nothing, a cap below 1 MiB), a pod that would bypass the limits file, a target
+/// container that sets HAMi-core's variables itself, or (with `kai.missingBasis: deny`, the
+/// default) a `gpu-fraction` pod whose cap cannot be computed.
 pub fn mutate(
     m: &mut PodMutation<'_, '_>,
-    kai: &KaiSettings,
+    settings: &Settings,
     vram: &dyn VramBasis,
     annotation_delivery: Option<LimitDelivery>,
 ) -> Result<(), Denial> {
+    let (kai, tenancy) = (&settings.kai, &settings.tenancy);
     let Some(raw) = select::select(m.pod(), kai) else {
         return Ok(());
     };
+    if let Some(how) = select::opt_out(m.pod()) {
+        if tenancy.honours_kai_opt_out(m.namespace()) {
+            return Ok(());
+        }
+        m.warn(format!(
+            "the pod's opt-out {how} is ignored: in namespace {:?} only the operator turns HAMi-core and the GPU memory cap off (tenancy.kaiOptOutNamespaces)",
+            m.namespace().unwrap_or("")
+        ));
+    }
     let request = select::validate(m, &raw)?;
     let cap = memory_cap(m, kai, vram, &request, &raw)?;
     let targets = select::preload_targets(m, kai.preload_containers)?;
+    let fraction = select::fraction_container(m.pod());
+    let kai_entries = fraction.and_then(|at| KaiEntries::of(m.pod(), at).map(|e| (at, e)));
+    check_variables(m, settings, &targets, &cap, kai_entries.as_ref())?;
     inject::preload(m, &targets, &kai.hook_path)?;
     // The pod's annotation (validated and parsed once, by `delivery::validate`), else the
     // webhook's `kai.limitDelivery`: KAI pods have no node config.
     let delivery = annotation_delivery.unwrap_or(kai.limit_delivery);
+    let kai_cm = kai_entries
+        .as_ref()
+        .map(|(at, e)| (*at, e.capabilities.as_str()));
     match cap {
-        Ok(mib) => deliver_capped(m, kai, &request, &targets, mib, delivery),
-        Err(reason) => deliver_uncapped(m, &targets, reason, delivery),
+        Ok(mib) => deliver_capped(m, kai, &request, &targets, mib, delivery, kai_cm),
+        Err(reason) => deliver_uncapped(m, &targets, reason, delivery, kai_cm),
     }
+}
+
+/// The preloaded containers may not set HAMi-core's variables, but for the memory limit the
+/// webhook adds (`cap`) and KAI's own entries in its fraction container.
+fn check_variables(
+    m: &PodMutation<'_, '_>,
+    settings: &Settings,
+    targets: &[ContainerRef],
+    cap: &Result<u64, SkipReason>,
+    kai_entries: Option<&(ContainerRef, KaiEntries)>,
+) -> Result<(), Denial> {
+    let allowed = settings.tenancy.allows_hami_core_env(m.namespace());
+    if allowed {
+        return Ok(());
+    }
+    let memory_limit = cap
+        .as_ref()
+        .ok()
+        .and_then(|&mib| hami_shared::values::MemoryLimitMib::new(mib).ok())
+        .map(|l| l.to_string());
+    let pod = m.pod();
+    for &at in targets {
+        let Some(container) = pod.container(at) else {
+            continue;
+        };
+        let expected = Expected {
+            memory_limit: memory_limit.clone(),
+            kai: kai_entries
+                .filter(|(c, _)| *c == at)
+                .map(|(_, e)| e.clone()),
+            ..Expected::default()
+        };
+        hami_core_env::check(m, container, &expected, allowed)?;
+    }
+    Ok(())
 }
 
 /// The pod's GPU memory cap in MiB: `gpu-memory` as asked, `gpu-fraction` of the per-GPU VRAM
@@ -123,8 +181,9 @@ fn deliver_capped(
     targets: &[ContainerRef],
     limit_mib: u64,
     delivery: LimitDelivery,
+    kai_cm: Option<(ContainerRef, &str)>,
 ) -> Result<(), Denial> {
-    let (limit, limited) = inject::memory_limit(m, limit_mib)?;
+    let (limit, limited) = inject::memory_limit(m, limit_mib, kai_cm)?;
     let per_node = match (request, delivery) {
         (KaiRequest::Fraction(f), LimitDelivery::File) => per_node_keys(m, f, &kai.hook_path),
         _ => None,
@@ -160,18 +219,15 @@ fn deliver_uncapped(
     targets: &[ContainerRef],
     reason: SkipReason,
     delivery: LimitDelivery,
+    kai_cm: Option<(ContainerRef, &str)>,
 ) -> Result<(), Denial> {
     let files: Vec<(ContainerRef, FileCap<'_>)> = if delivery == LimitDelivery::File {
         let pod = m.pod();
         targets
             .iter()
             .filter(|&&at| {
-                pod.container(at).is_some_and(|c| {
-                    !c.env
-                        .iter()
-                        .flatten()
-                        .any(|e| inject::is_memory_limit_var(&e.name))
-                })
+                pod.container(at)
+                    .is_some_and(|c| !inject::sets_own_limit(at, c, kai_cm))
             })
             .map(|&at| (at, FileCap::Uncapped(reason)))
             .collect()

@@ -30,10 +30,9 @@ pub enum KaiRequest {
     Fraction(Fraction),
 }
 
-/// The KAI request of `pod` when it is a KAI pod: it carries `gpu-memory` or `gpu-fraction`, its
-/// scheduler is one of `kai.schedulerNames` (any when empty), and it has not opted out
-/// (annotation `kai-resource-isolator.io/inject: "false"`, any case, or label
-/// `kai-resource-isolator.io/webhook: ignore`).
+/// The KAI request of `pod` when it is a KAI pod: it carries `gpu-memory` or `gpu-fraction` and
+/// its scheduler is one of `kai.schedulerNames` (any when empty). Whether its own opt-out counts
+/// is the caller's to decide ([`opt_out`]).
 #[must_use]
 pub fn select<'p>(pod: &'p Pod<'_>, kai: &KaiSettings) -> Option<RawRequest<'p>> {
     let memory = pod.annotation(ANNOTATION_GPU_MEMORY);
@@ -54,26 +53,44 @@ pub fn select<'p>(pod: &'p Pod<'_>, kai: &KaiSettings) -> Option<RawRequest<'p>>
             return None;
         }
     }
-    if pod
-        .annotation(ANNOTATION_KAI_RESOURCE_ISOLATOR_INJECT)
-        .is_some_and(|v| v.eq_ignore_ascii_case("false"))
-    {
-        return None;
-    }
-    if pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(LABEL_KAI_RESOURCE_ISOLATOR_WEBHOOK))
-        == Some("ignore")
-    {
-        return None;
-    }
     Some(RawRequest {
         annotation,
         value,
         conflicting,
     })
+}
+
+/// The pod's own KAI opt-out, as KAI-resource-isolator reads it, if it carries one: annotation
+/// `kai-resource-isolator.io/inject: "false"` (any case) or label
+/// `kai-resource-isolator.io/webhook: ignore`.
+#[must_use]
+pub fn opt_out(pod: &Pod<'_>) -> Option<String> {
+    if let Some(v) = pod
+        .annotation(ANNOTATION_KAI_RESOURCE_ISOLATOR_INJECT)
+        .filter(|v| v.eq_ignore_ascii_case("false"))
+    {
+        return Some(format!(
+            "annotation {ANNOTATION_KAI_RESOURCE_ISOLATOR_INJECT}={v:?}"
+        ));
+    }
+    (pod.label(LABEL_KAI_RESOURCE_ISOLATOR_WEBHOOK) == Some("ignore"))
+        .then(|| format!("label {LABEL_KAI_RESOURCE_ISOLATOR_WEBHOOK}=\"ignore\""))
+}
+
+/// The container KAI gives the GPU (and its own entries): the one `gpu-fraction-container-name`
+/// names (init containers first), else `containers[0]`.
+#[must_use]
+pub fn fraction_container(pod: &Pod<'_>) -> Option<ContainerRef> {
+    match pod.annotation(ANNOTATION_GPU_FRACTION_CONTAINER_NAME) {
+        Some(name) => pod
+            .all_containers()
+            .find(|(_, c)| c.name == name)
+            .map(|(at, _)| at),
+        None => (!pod.spec.containers.is_empty()).then_some(ContainerRef {
+            kind: ContainerKind::Regular,
+            index: 0,
+        }),
+    }
 }
 
 /// Validate the request as KAI's own admission validator does.
@@ -243,43 +260,42 @@ mod tests {
         assert_selection(cases);
     }
 
-    /// The opt-outs: `kai-resource-isolator.io/inject: false` (any case) and the webhook label.
+    /// The opt-outs: `kai-resource-isolator.io/inject: false` (any case) and the webhook label;
+    /// the pod is still selected (whether its opt-out counts is per namespace).
     #[test]
-    fn selection_table_opt_outs() {
+    fn opt_out_table() {
         let kai = KaiSettings::default();
-        let cases: &[SelectionCase<'_>] = &[
+        let cases: &[(&str, Option<&str>)] = &[
             (
                 r#"{"metadata":{"annotations":{"gpu-fraction":"0.5","kai-resource-isolator.io/inject":"false"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
-                &kai,
-                None,
+                Some(r#"annotation kai-resource-isolator.io/inject="false""#),
             ),
             (
                 r#"{"metadata":{"annotations":{"gpu-fraction":"0.5","kai-resource-isolator.io/inject":"FALSE"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
-                &kai,
-                None,
-            ),
-            (
-                r#"{"metadata":{"annotations":{"gpu-fraction":"0.5","kai-resource-isolator.io/inject":"False"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
-                &kai,
-                None,
+                Some(r#"annotation kai-resource-isolator.io/inject="FALSE""#),
             ),
             (
                 r#"{"metadata":{"annotations":{"gpu-fraction":"0.5","kai-resource-isolator.io/inject":"true"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
-                &kai,
-                Some("gpu-fraction"),
+                None,
             ),
             (
                 r#"{"metadata":{"annotations":{"gpu-fraction":"0.5","kai-resource-isolator.io/inject":"no"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
-                &kai,
-                Some("gpu-fraction"),
+                None,
             ),
             (
                 r#"{"metadata":{"annotations":{"gpu-fraction":"0.5"},"labels":{"kai-resource-isolator.io/webhook":"ignore"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
-                &kai,
+                Some(r#"label kai-resource-isolator.io/webhook="ignore""#),
+            ),
+            (
+                r#"{"metadata":{"annotations":{"gpu-fraction":"0.5"},"labels":{"kai-resource-isolator.io/webhook":"x"}},"spec":{"schedulerName":"kai-scheduler"}}"#,
                 None,
             ),
         ];
-        assert_selection(cases);
+        for (json, expected) in cases {
+            let p = pod(json);
+            assert!(select(&p, &kai).is_some(), "{json}");
+            assert_eq!(opt_out(&p).as_deref(), *expected, "{json}");
+        }
     }
 
     #[test]
