@@ -248,8 +248,11 @@ fn schedule_and_bind_as_hami(n: &Node, name: &str, uuid: &str, mib: u64, cores: 
         ],
         None,
     );
+    // As HAMi's scheduler: only the identities the operator names may write these annotations.
     n.ok(
         &[
+            "--as=system:serviceaccount:kube-system:hami-scheduler",
+            "--as-group=system:masters",
             "annotate",
             "pod",
             name,
