@@ -30,6 +30,9 @@ use hami_device_plugin::kubelet::api::v1beta1;
 use hami_tests::real::{Case, listed, repo, rfc3339, run_cases, text, wait_for};
 use serde_json::{Value, json};
 
+#[path = "real_node/hostile.rs"]
+mod hostile;
+
 const NS: &str = "hami-limits";
 const PREFIX: &str = "hami-hami-limits";
 const TENANT: &str = "tenant";
@@ -1528,6 +1531,38 @@ const CASES: &[Case<Node>] = &[
     (
         "a HAMi pod's own mount at /overrideEnv or /etc/ld.so.preload: refused by the webhook",
         own_mount_at_override_env,
+    ),
+    (
+        "hostile tenant: a tenant identity with namespaced pod rights only",
+        hostile::tenant_identity,
+    ),
+    (
+        "hostile tenant: the pod label hami.io/webhook=ignore skips no check",
+        hostile::label_does_not_skip_admission,
+    ),
+    (
+        "hostile tenant: HAMi-core variables, CUDA_DISABLE_CONTROL, policy, priority, privilege from the spec: refused",
+        hostile::hami_core_variables_from_the_spec,
+    ),
+    (
+        "hostile tenant: KAI own limit refused, KAI opt-outs by pod ignored (capped)",
+        hostile::kai_routes,
+    ),
+    (
+        "hostile tenant: scheduler annotations on CREATE stripped, on UPDATE refused; limits.hami.io frozen",
+        hostile::scheduler_annotations,
+    ),
+    (
+        "hostile tenant: admitted without the webhook, own /overrideEnv mount: refused at Allocate",
+        hostile::admitted_without_the_webhook,
+    ),
+    (
+        "hostile tenant: a non-root user cannot replace usage.cache with a link",
+        hostile::container_folder_links,
+    ),
+    (
+        "hostile tenant: a 60,000-value node affinity is refused, naming the limit",
+        hostile::affinity_cost,
     ),
     (
         "device list strategies under the real kubelet: volume-mounts in the container, cdi-cri at kubelet",
