@@ -441,7 +441,10 @@ impl<'de> Deserialize<'de> for TermsCount {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a list of node selector terms")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TermsCount, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<TermsCount, A::Error> {
                 let mut c = Counts::default();
                 while let Some(term) = seq.next_element::<TermCount>()? {
                     let at = c.terms;
@@ -475,7 +478,10 @@ impl<'de> Deserialize<'de> for ExprsCount {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a list of node selector requirements")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ExprsCount, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ExprsCount, A::Error> {
                 let mut c = ExprsCount::default();
                 while let Some(expr) = seq.next_element::<ExprCount>()? {
                     let n = expr.values.map_or(0, |v| v.0);
@@ -500,7 +506,10 @@ impl<'de> Deserialize<'de> for ValuesCount {
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a list of values")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ValuesCount, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ValuesCount, A::Error> {
                 let mut n = 0usize;
                 while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
                     n += 1;
@@ -586,6 +595,91 @@ mod tests {
         for (spec, expected) in cases {
             assert_eq!(names(&placement(&spec)), expected, "{spec}");
         }
+    }
+
+    fn affinity_of(terms: &str) -> String {
+        format!(
+            r#"{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":{terms}}}}}}}}}"#
+        )
+    }
+
+    fn within(spec: &str, limits: &AffinityLimits) -> Result<Placement, String> {
+        let json = format!(r#"{{"spec":{spec}}}"#);
+        let pod: Pod<'_> = serde_json::from_str(&json).unwrap();
+        Placement::of_pod_within(&pod, limits).map_err(|e| e.to_string())
+    }
+
+    const LIMITS: AffinityLimits = AffinityLimits {
+        terms: 3,
+        expressions: 4,
+        values: 5,
+    };
+
+    #[test]
+    fn affinity_over_a_limit_is_named() {
+        let values = |n: usize| {
+            let v: Vec<String> = (0..n).map(|i| format!("\"v{i}\"")).collect();
+            format!("[{}]", v.join(","))
+        };
+        let expr = |n: usize| format!(r#"{{"key":"k","operator":"NotIn","values":{}}}"#, values(n));
+        let cases: Vec<(String, &str)> = vec![
+            (
+                affinity_of(&format!(
+                    r#"[{{"matchExpressions":[{}]}},{{"matchFields":[{},{}]}}]"#,
+                    expr(1),
+                    expr(2),
+                    expr(6)
+                )),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchFields[1].values has 6 values; at most 5 are accepted (setting kai.maxAffinityValues)",
+            ),
+            (
+                affinity_of("[{},{},{},{}]"),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms has 4 terms; at most 3 are accepted (setting kai.maxAffinityTerms)",
+            ),
+            (
+                affinity_of(&format!(
+                    r#"[{{"matchExpressions":[{0},{0},{0}]}},{{"matchFields":[{0},{0}]}}]"#,
+                    expr(0)
+                )),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms has 5 matchExpressions and matchFields in all; at most 4 are accepted (setting kai.maxAffinityExpressions)",
+            ),
+            (
+                affinity_of(&format!(
+                    r#"[{{"matchExpressions":[{}]}},{{"matchExpressions":[{}]}}]"#,
+                    expr(3),
+                    expr(3)
+                )),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms has 6 values in all; at most 5 are accepted (setting kai.maxAffinityValues)",
+            ),
+        ];
+        for (spec, message) in cases {
+            assert_eq!(within(&spec, &LIMITS), Err(message.to_owned()), "{spec}");
+        }
+    }
+
+    #[test]
+    fn affinity_within_the_limits_reads_as_before() {
+        let specs = [
+            "{}".to_owned(),
+            r#"{"nodeSelector":{"zone":"z1"}}"#.to_owned(),
+            affinity_of(r#"[{"matchExpressions":[{"key":"zone","operator":"In","values":["z1","z2","z3","z4","z5"]}]},{},{"matchFields":[{"key":"metadata.name","operator":"NotIn","values":[]}]}]"#),
+            // Counting accepts what reading refuses (a value that is not a string): the affinity
+            // is read, and matches no node, as before.
+            affinity_of(r#"[{"matchExpressions":[{"key":"zone","operator":"In","values":[1]}]}]"#),
+            // Neither counts nor reads: matches nothing.
+            affinity_of(r#""x""#),
+            r#"{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":null}}}"#.to_owned(),
+            r#"{"affinity":{"podAffinity":{"x":[1,2,3,4,5,6,7]}}}"#.to_owned(),
+        ];
+        for spec in specs {
+            assert_eq!(within(&spec, &LIMITS), Ok(placement(&spec)), "{spec}");
+        }
+        assert_eq!(
+            names(&placement(&affinity_of(
+                r#"[{"matchExpressions":[{"key":"zone","operator":"In","values":[1]}]}]"#
+            ))),
+            ""
+        );
     }
 
     #[test]

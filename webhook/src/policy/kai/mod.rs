@@ -87,8 +87,8 @@ fn memory_cap(
         Some(mib) if mib > 0 => Ok(Basis { mib }),
         _ => {
             // The affinity is the tenant's: bounded before the index is searched with it.
-            let placement = Placement::of_pod_within(m.pod(), &kai.affinity_limits())
-                .map_err(|e| m.deny(e))?;
+            let placement =
+                Placement::of_pod_within(m.pod(), &kai.affinity_limits()).map_err(|e| m.deny(e))?;
             vram.basis(&placement)
         }
     };

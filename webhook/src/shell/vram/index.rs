@@ -604,7 +604,11 @@ impl VramIndex {
             let Some(node) = self.slots.get(slot).and_then(Option::as_ref) else {
                 continue;
             };
-            if !p.selector.iter().all(|(k, v)| node.label_id(*k) == Some(*v)) {
+            if !p
+                .selector
+                .iter()
+                .all(|(k, v)| node.label_id(*k) == Some(*v))
+            {
                 continue;
             }
             let id = slot_id(slot);
@@ -971,8 +975,17 @@ mod tests {
         }
     }
 
-    const KEYS: &[&str] = &["zone", "pool", "gen", "rack", "nvidia.com/gpu.family", "unused"];
-    const VALUES: &[&str] = &["a", "b", "c", "7", "8", "9", "-3", "+4", "10", "x1", "", "08"];
+    const KEYS: &[&str] = &[
+        "zone",
+        "pool",
+        "gen",
+        "rack",
+        "nvidia.com/gpu.family",
+        "unused",
+    ];
+    const VALUES: &[&str] = &[
+        "a", "b", "c", "7", "8", "9", "-3", "+4", "10", "x1", "", "08",
+    ];
     const MEMORY: &[&str] = &["9728", "15360", "23034", "81920", "40960", "lots", "0"];
 
     fn random_values(rng: &mut Rng, nodes: usize) -> Vec<String> {
@@ -991,16 +1004,35 @@ mod tests {
         let key = rng.pick(KEYS).to_owned();
         let int = || -> i64 { [-5, 0, 7, 8, 9, 10][usize::try_from(key.len()).unwrap() % 6] };
         match rng.below(10) {
-            0 => Requirement::In { key, values: random_values(rng, nodes) },
-            1 => Requirement::NotIn { key, values: random_values(rng, nodes) },
+            0 => Requirement::In {
+                key,
+                values: random_values(rng, nodes),
+            },
+            1 => Requirement::NotIn {
+                key,
+                values: random_values(rng, nodes),
+            },
             2 => Requirement::Exists { key },
             3 => Requirement::DoesNotExist { key },
-            4 => Requirement::Gt { value: int() + i64::try_from(rng.below(3)).unwrap() - 1, key },
-            5 => Requirement::Lt { value: int() + i64::try_from(rng.below(3)).unwrap() - 1, key },
-            6 => Requirement::NameIn { values: random_values(rng, nodes) },
-            7 => Requirement::NameNotIn { values: random_values(rng, nodes) },
+            4 => Requirement::Gt {
+                value: int() + i64::try_from(rng.below(3)).unwrap() - 1,
+                key,
+            },
+            5 => Requirement::Lt {
+                value: int() + i64::try_from(rng.below(3)).unwrap() - 1,
+                key,
+            },
+            6 => Requirement::NameIn {
+                values: random_values(rng, nodes),
+            },
+            7 => Requirement::NameNotIn {
+                values: random_values(rng, nodes),
+            },
             8 => Requirement::Never,
-            _ => Requirement::In { key, values: vec![rng.pick(VALUES).to_owned()] },
+            _ => Requirement::In {
+                key,
+                values: vec![rng.pick(VALUES).to_owned()],
+            },
         }
     }
 
@@ -1018,7 +1050,11 @@ mod tests {
                 })
                 .collect()
         });
-        Placement { node_name, node_selector, terms }
+        Placement {
+            node_name,
+            node_selector,
+            terms,
+        }
     }
 
     /// The straightforward evaluation, the oracle: every node, every requirement as
@@ -1095,10 +1131,19 @@ mod tests {
                 [(LABEL_GPU_MEMORY, mib.as_str()), ("host", &format!("h{n}"))],
             );
         }
-        let values: Vec<String> = (0..3000).filter(|n| *n != 1234).map(|n| format!("h{n}")).collect();
-        let names: Vec<String> = (0..3000).filter(|n| *n != 2345).map(|n| format!("node-{n}")).collect();
+        let values: Vec<String> = (0..3000)
+            .filter(|n| *n != 1234)
+            .map(|n| format!("h{n}"))
+            .collect();
+        let names: Vec<String> = (0..3000)
+            .filter(|n| *n != 2345)
+            .map(|n| format!("node-{n}"))
+            .collect();
         let by_label = Placement {
-            terms: Some(vec![vec![Requirement::NotIn { key: "host".into(), values }]]),
+            terms: Some(vec![vec![Requirement::NotIn {
+                key: "host".into(),
+                values,
+            }]]),
             ..Placement::default()
         };
         let by_name = Placement {
@@ -1106,8 +1151,14 @@ mod tests {
             ..Placement::default()
         };
         for budget in [0, SCAN_BUDGET, usize::MAX] {
-            assert_eq!(i.basis_with_budget(&by_label, budget).map(|b| b.mib), Some(11_234));
-            assert_eq!(i.basis_with_budget(&by_name, budget).map(|b| b.mib), Some(12_345));
+            assert_eq!(
+                i.basis_with_budget(&by_label, budget).map(|b| b.mib),
+                Some(11_234)
+            );
+            assert_eq!(
+                i.basis_with_budget(&by_name, budget).map(|b| b.mib),
+                Some(12_345)
+            );
         }
     }
 
