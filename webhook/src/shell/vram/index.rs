@@ -1002,7 +1002,8 @@ mod tests {
 
     fn random_requirement(rng: &mut Rng, nodes: usize) -> Requirement {
         let key = rng.pick(KEYS).to_owned();
-        let int = || -> i64 { [-5, 0, 7, 8, 9, 10][usize::try_from(key.len()).unwrap() % 6] };
+        // Around the numeric label values (7, 8, 9, 10, -3, +4, 08) and past them.
+        let int = [-5, -3, 0, 4, 7, 8, 9, 10, 11][rng.below(9)];
         match rng.below(10) {
             0 => Requirement::In {
                 key,
@@ -1014,14 +1015,8 @@ mod tests {
             },
             2 => Requirement::Exists { key },
             3 => Requirement::DoesNotExist { key },
-            4 => Requirement::Gt {
-                value: int() + i64::try_from(rng.below(3)).unwrap() - 1,
-                key,
-            },
-            5 => Requirement::Lt {
-                value: int() + i64::try_from(rng.below(3)).unwrap() - 1,
-                key,
-            },
+            4 => Requirement::Gt { value: int, key },
+            5 => Requirement::Lt { value: int, key },
             6 => Requirement::NameIn {
                 values: random_values(rng, nodes),
             },
