@@ -7,6 +7,7 @@
 # Writes bench/affinity/results.md (and the raw outputs beside it, in raw/).
 #
 #   bench/affinity/run.sh                           # BASE=main CORE=0 SAMPLES=15 SLOW_SECONDS=30
+#   BUILD_ONLY=1 bench/affinity/run.sh              # build both into target/affinity-bench/{this,base}
 #   BASE_BIN_DIR=dir THIS_BIN_DIR=dir bench/affinity/run.sh   # prebuilt binaries (another machine)
 #
 # The binaries in a *_BIN_DIR are named affinity_cost, decide and kai_vram_index.
@@ -17,6 +18,7 @@ BASE=${BASE:-main}
 CORE=${CORE:-0}
 OUT_DIR=${OUT_DIR:-$ROOT/bench/affinity}
 export SAMPLES=${SAMPLES:-15} SLOW_SECONDS=${SLOW_SECONDS:-30}
+CRITERION_ARGS=${CRITERION_ARGS:---warm-up-time 1 --measurement-time 3}
 
 # Build one tree's three bench binaries into $2 (named without Cargo's hash).
 build() {
@@ -50,6 +52,11 @@ if [ -z "${BASE_BIN_DIR:-}" ]; then
   CARGO_TARGET_DIR=$ROOT/target build "$BASE_TREE" "$BASE_BIN_DIR"
 fi
 
+if [ -n "${BUILD_ONLY:-}" ]; then
+  echo "built: $THIS_BIN_DIR $BASE_BIN_DIR" >&2
+  exit 0
+fi
+
 RAW=$OUT_DIR/raw
 mkdir -p "$RAW"
 run() { # name rev dir
@@ -64,7 +71,8 @@ for pass in 1 2; do
   for which in base this; do
     dir=$BASE_BIN_DIR; [ $which = this ] && dir=$THIS_BIN_DIR
     echo "== decide $which $pass" >&2
-    taskset -c "$CORE" "$dir/decide" --bench --noplot >"$RAW/decide-$pass-$which.txt" 2>&1
+    # shellcheck disable=SC2086
+    taskset -c "$CORE" "$dir/decide" --bench --noplot $CRITERION_ARGS >"$RAW/decide-$pass-$which.txt" 2>&1
     echo "== kai_vram_index $which $pass" >&2
     "$dir/kai_vram_index" >"$RAW/kai_vram_index-$pass-$which.md" 2>/dev/null
   done
