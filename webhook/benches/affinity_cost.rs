@@ -125,17 +125,23 @@ fn affinity(terms: &Value) -> Value {
     json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}})
 }
 
-/// One term, one `NotIn` on the host name: `filler` values no node has under that key but the
-/// index knows (`"8"`, a compute capability), then every node's own name, so every node is
-/// excluded and each one is compared with every value by a straightforward evaluation. As many
-/// fillers as fit in `bytes` when the pod is encoded as `proto` (protobuf: 3 bytes per `"8"`,
-/// 2 + length per name) or as JSON.
-fn not_in_everything(hosts: &[String], bytes: usize, proto: bool) -> Vec<u8> {
-    let base = kai_with(&[(
-        "affinity",
-        affinity(&json!([{"matchExpressions": [
-        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": []}]}])),
-    )]);
+/// One term, one `NotIn`: `filler` values that name no node (`"8"`, which the index knows as a
+/// label value), then every node's own name, so every node is excluded and a straightforward
+/// evaluation compares each node with every value. `field`: on `metadata.name` (`matchFields`,
+/// strings compared) or on the host-name label (`matchExpressions`). As many fillers as fit in
+/// `bytes` when the pod is encoded as protobuf (`proto`: 3 bytes per `"8"`, 2 + length per name)
+/// or as JSON (4, 3 + length).
+fn not_in_everything(hosts: &[String], bytes: usize, proto: bool, field: bool) -> Vec<u8> {
+    let expr = |values: &[&str]| {
+        if field {
+            json!([{"matchFields": [
+                {"key": "metadata.name", "operator": "NotIn", "values": values}]}])
+        } else {
+            json!([{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": values}]}])
+        }
+    };
+    let base = kai_with(&[("affinity", affinity(&expr(&[])))]);
     let per_host: usize = hosts
         .iter()
         .map(|h| if proto { 2 + h.len() } else { 3 + h.len() })
@@ -144,11 +150,7 @@ fn not_in_everything(hosts: &[String], bytes: usize, proto: bool) -> Vec<u8> {
     let fillers = (bytes - base.len() - per_host) / per_filler;
     let mut values: Vec<&str> = vec!["8"; fillers];
     values.extend(hosts.iter().map(String::as_str));
-    kai_with(&[(
-        "affinity",
-        affinity(&json!([{"matchExpressions": [
-            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": values}]}])),
-    )])
+    kai_with(&[("affinity", affinity(&expr(&values)))])
 }
 
 /// A pod at every default limit (64 terms, 256 expressions, 10,000 values), each term failing only
@@ -244,16 +246,20 @@ fn main() {
     ];
     let hostile: Vec<(&str, Vec<u8>)> = vec![
         (
-            "largest pod etcd stores: NotIn of 1.5 MiB as protobuf",
-            not_in_everything(&hosts, ETCD_MAX - 4096, true),
+            "largest pod etcd stores: matchFields NotIn, 1.5 MiB as protobuf",
+            not_in_everything(&hosts, ETCD_MAX - 4096, true, true),
         ),
         (
-            "largest JSON request the API server takes: NotIn of 3 MiB",
-            not_in_everything(&hosts, APISERVER_MAX - 4096, false),
+            "largest JSON request the API server takes: matchFields NotIn, 3 MiB",
+            not_in_everything(&hosts, APISERVER_MAX - 4096, false, true),
         ),
         (
-            "8 MiB review posted to /mutate: NotIn",
-            not_in_everything(&hosts, WEBHOOK_MAX - 4096, false),
+            "the same, label NotIn (kubernetes.io/hostname), 3 MiB",
+            not_in_everything(&hosts, APISERVER_MAX - 4096, false, false),
+        ),
+        (
+            "8 MiB review posted to /mutate: matchFields NotIn",
+            not_in_everything(&hosts, WEBHOOK_MAX - 4096, false, true),
         ),
         (
             "at every default limit: 64 terms, 256 expressions, 9,984 values",

@@ -207,7 +207,7 @@ enum Compiled {
 /// Requirement checks the node scan may spend before the lookup turns to set evaluation: an
 /// ordinary placement's smallest node is found long before (a few nodes of a few requirements),
 /// and past it the scan's cost would grow with nodes × requirements.
-pub const SCAN_BUDGET: usize = 4096;
+pub const SCAN_BUDGET: usize = 16_384;
 
 fn slot_id(slot: usize) -> u32 {
     u32::try_from(slot).unwrap_or(u32::MAX)
