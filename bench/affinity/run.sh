@@ -2,7 +2,9 @@
 # Admission cost of a gpu-fraction pod's node affinity against a 10,000-node VRAM index, before and
 # after, same run: this tree against a base revision (default: main), each built from the same
 # bench sources (webhook/benches/affinity_cost.rs is copied into the base tree, which has the API it
-# uses), each binary pinned to one core, interleaved base, this, this, base. Also the Criterion
+# uses) in a target folder of its own, each binary pinned to one core, interleaved base, this,
+# this, base. Check the outcomes column: the base rows are refused for "no GPU node" after the
+# full evaluation, this tree's over-limit rows for the limit. Also the Criterion
 # `decide` bench and the `kai_vram_index` bench of both, for the ordinary fixtures and lookups.
 # Writes bench/affinity/results.md (and the raw outputs beside it, in raw/).
 #
@@ -47,9 +49,15 @@ if [ -z "${BASE_BIN_DIR:-}" ]; then
   cp "$ROOT/webhook/benches/affinity_cost.rs" "$BASE_TREE/webhook/benches/"
   grep -q 'name = "affinity_cost"' "$BASE_TREE/webhook/Cargo.toml" ||
     printf '\n[[bench]]\nname = "affinity_cost"\nharness = false\n' >>"$BASE_TREE/webhook/Cargo.toml"
-  # The same target folder: the dependencies are built once.
+  # A target folder of its own: Cargo names a workspace member's artifacts by its path inside the
+  # workspace, so two trees in one folder overwrite each other's library and a bench links the
+  # other tree's. Seeded with a copy of this tree's release build, so only the members rebuild.
+  BASE_TARGET=$ROOT/target/affinity-bench/base-target
+  if [ ! -d "$BASE_TARGET/release" ] && [ -d "$ROOT/target/release" ]; then
+    mkdir -p "$BASE_TARGET" && cp -a "$ROOT/target/release" "$BASE_TARGET/"
+  fi
   BASE_BIN_DIR=$ROOT/target/affinity-bench/base
-  CARGO_TARGET_DIR=$ROOT/target build "$BASE_TREE" "$BASE_BIN_DIR"
+  CARGO_TARGET_DIR=$BASE_TARGET build "$BASE_TREE" "$BASE_BIN_DIR"
 fi
 
 if [ -n "${BUILD_ONLY:-}" ]; then
