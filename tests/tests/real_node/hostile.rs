@@ -127,14 +127,11 @@ pub fn label_does_not_skip_admission(n: &mut Node) {
     let mut p = gpu_pod("ignore-label");
     p["metadata"]["labels"] = json!({"hami.io/webhook": "ignore"});
     p["spec"]["volumes"] = json!([{"name": "mine", "emptyDir": {}}]);
-    for (i, path) in [
-        "/overrideEnv",
-        "/etc/ld.so.preload",
-        "/usr/local/vgpu",
-        "/etc",
-    ]
-    .iter()
-    .enumerate()
+    // The hook folder is mounted at its host path (HAMi's layout): here the node's.
+    let hook = n.hook().display().to_string();
+    for (i, path) in ["/overrideEnv", "/etc/ld.so.preload", hook.as_str(), "/etc"]
+        .iter()
+        .enumerate()
     {
         p["metadata"]["name"] = json!(format!("ignore-label-{i}"));
         p["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "mine", "mountPath": path}]);
@@ -486,7 +483,7 @@ pub fn scheduler_annotations(n: &mut Node) {
 /// (failurePolicy Ignore while it is down) with its own mount at /overrideEnv, or an entry
 /// beyond the node's GPU, never starts.
 pub fn admitted_without_the_webhook(n: &mut Node) {
-    let config = format!("{PREFIX}-webhook");
+    let config = PREFIX.to_owned();
     let set_policy = |policy: &str| {
         let patch =
             json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": policy}]);

@@ -12,6 +12,10 @@ use serde::Deserialize;
 
 use crate::wire::pod::Pod;
 
+mod limits;
+
+pub use limits::{AffinityLimits, AffinityTooLarge, TERMS_FIELD};
+
 /// One label or field requirement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
@@ -325,6 +329,91 @@ mod tests {
         for (spec, expected) in cases {
             assert_eq!(names(&placement(&spec)), expected, "{spec}");
         }
+    }
+
+    fn affinity_of(terms: &str) -> String {
+        format!(
+            r#"{{"affinity":{{"nodeAffinity":{{"requiredDuringSchedulingIgnoredDuringExecution":{{"nodeSelectorTerms":{terms}}}}}}}}}"#
+        )
+    }
+
+    fn within(spec: &str, limits: &AffinityLimits) -> Result<Placement, String> {
+        let json = format!(r#"{{"spec":{spec}}}"#);
+        let pod: Pod<'_> = serde_json::from_str(&json).unwrap();
+        Placement::of_pod_within(&pod, limits).map_err(|e| e.to_string())
+    }
+
+    const LIMITS: AffinityLimits = AffinityLimits {
+        terms: 3,
+        expressions: 4,
+        values: 5,
+    };
+
+    #[test]
+    fn affinity_over_a_limit_is_named() {
+        let values = |n: usize| {
+            let v: Vec<String> = (0..n).map(|i| format!("\"v{i}\"")).collect();
+            format!("[{}]", v.join(","))
+        };
+        let expr = |n: usize| format!(r#"{{"key":"k","operator":"NotIn","values":{}}}"#, values(n));
+        let cases: Vec<(String, &str)> = vec![
+            (
+                affinity_of(&format!(
+                    r#"[{{"matchExpressions":[{}]}},{{"matchFields":[{},{}]}}]"#,
+                    expr(1),
+                    expr(2),
+                    expr(6)
+                )),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchFields[1].values has 6 values; at most 5 are accepted (setting kai.maxAffinityValues)",
+            ),
+            (
+                affinity_of("[{},{},{},{}]"),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms has 4 terms; at most 3 are accepted (setting kai.maxAffinityTerms)",
+            ),
+            (
+                affinity_of(&format!(
+                    r#"[{{"matchExpressions":[{0},{0},{0}]}},{{"matchFields":[{0},{0}]}}]"#,
+                    expr(0)
+                )),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms has 5 matchExpressions and matchFields in all; at most 4 are accepted (setting kai.maxAffinityExpressions)",
+            ),
+            (
+                affinity_of(&format!(
+                    r#"[{{"matchExpressions":[{}]}},{{"matchExpressions":[{}]}}]"#,
+                    expr(3),
+                    expr(3)
+                )),
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms has 6 values in all; at most 5 are accepted (setting kai.maxAffinityValues)",
+            ),
+        ];
+        for (spec, message) in cases {
+            assert_eq!(within(&spec, &LIMITS), Err(message.to_owned()), "{spec}");
+        }
+    }
+
+    #[test]
+    fn affinity_within_the_limits_reads_as_before() {
+        let specs = [
+            "{}".to_owned(),
+            r#"{"nodeSelector":{"zone":"z1"}}"#.to_owned(),
+            affinity_of(r#"[{"matchExpressions":[{"key":"zone","operator":"In","values":["z1","z2","z3","z4","z5"]}]},{},{"matchFields":[{"key":"metadata.name","operator":"NotIn","values":[]}]}]"#),
+            // Counting accepts what reading refuses (a value that is not a string): the affinity
+            // is read, and matches no node, as before.
+            affinity_of(r#"[{"matchExpressions":[{"key":"zone","operator":"In","values":[1]}]}]"#),
+            // Neither counts nor reads: matches nothing.
+            affinity_of(r#""x""#),
+            r#"{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":null}}}"#.to_owned(),
+            r#"{"affinity":{"podAffinity":{"x":[1,2,3,4,5,6,7]}}}"#.to_owned(),
+        ];
+        for spec in specs {
+            assert_eq!(within(&spec, &LIMITS), Ok(placement(&spec)), "{spec}");
+        }
+        assert_eq!(
+            names(&placement(&affinity_of(
+                r#"[{"matchExpressions":[{"key":"zone","operator":"In","values":[1]}]}]"#
+            ))),
+            ""
+        );
     }
 
     #[test]

@@ -301,6 +301,43 @@ mod tests {
     }
 
     #[test]
+    fn affinity_limits_from_file_and_environment() {
+        use crate::policy::placement::AffinityLimits;
+        let defaults = AffinityLimits {
+            terms: 64,
+            expressions: 256,
+            values: 10_000,
+        };
+        assert_eq!(Settings::default().kai.affinity_limits(), defaults);
+        let (s, _) = Settings::load_from_env(
+            None,
+            [
+                ("HAMI_KAI__MAXAFFINITYVALUES".to_owned(), "50000".to_owned()),
+                ("HAMI_KAI__MAXAFFINITYTERMS".to_owned(), "8".to_owned()),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            s.kai.affinity_limits(),
+            AffinityLimits {
+                terms: 8,
+                values: 50_000,
+                ..defaults
+            }
+        );
+        let s: Settings =
+            serde_yaml_ng::from_str("kai:\n  maxAffinityExpressions: 1000\n").unwrap();
+        assert_eq!(s.kai.affinity_limits().expressions, 1000);
+        let err = Settings::load_from_env(
+            None,
+            [("HAMI_KAI__MAXAFFINITYVALUES".to_owned(), "-1".to_owned())],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("-1"), "{err}");
+    }
+
+    #[test]
     fn old_environment_names_still_work_with_a_notice() {
         let env = |pairs: &[(&str, &str)]| {
             pairs

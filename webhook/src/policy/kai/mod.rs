@@ -161,7 +161,12 @@ fn memory_cap(
     };
     let basis = match kai.per_gpu_vram_mib {
         Some(mib) if mib > 0 => Ok(Basis { mib }),
-        _ => vram.basis(&Placement::of_pod(m.pod())),
+        _ => {
+            // The affinity is the tenant's: bounded before the index is searched with it.
+            let placement =
+                Placement::of_pod_within(m.pod(), &kai.affinity_limits()).map_err(|e| m.deny(e))?;
+            vram.basis(&placement)
+        }
     };
     match basis {
         Ok(basis) => {

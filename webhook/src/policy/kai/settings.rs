@@ -4,6 +4,8 @@
 use hami_shared::values::LimitDelivery;
 use serde::{Deserialize, Serialize};
 
+use crate::policy::placement::AffinityLimits;
+
 /// Which containers get the HAMi-core preload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -120,6 +122,28 @@ pub struct KaiSettings {
     /// or `hostPath` (the volume of earlier releases). Env `HAMI_KAI__HOOKDELIVERY`.
     #[serde(alias = "hookdelivery")]
     pub hook_delivery: HookDelivery,
+    /// The most `nodeSelectorTerms` a `gpu-fraction` pod's required node affinity may have when its
+    /// basis is looked up in the node index (each term costs a pass over the index). Default 64.
+    #[serde(alias = "maxaffinityterms")]
+    pub max_affinity_terms: usize,
+    /// The most `matchExpressions` and `matchFields` over all of those terms. Default 256.
+    #[serde(alias = "maxaffinityexpressions")]
+    pub max_affinity_expressions: usize,
+    /// The most `values` in one expression, and over all of them. Default 10,000.
+    #[serde(alias = "maxaffinityvalues")]
+    pub max_affinity_values: usize,
+}
+
+impl KaiSettings {
+    /// The `maxAffinity*` settings, as placement reads them.
+    #[must_use]
+    pub fn affinity_limits(&self) -> AffinityLimits {
+        AffinityLimits {
+            terms: self.max_affinity_terms,
+            expressions: self.max_affinity_expressions,
+            values: self.max_affinity_values,
+        }
+    }
 }
 
 impl Default for KaiSettings {
@@ -133,6 +157,9 @@ impl Default for KaiSettings {
             limit_delivery: LimitDelivery::File,
             missing_basis: MissingBasis::Deny,
             hook_delivery: HookDelivery::DevicePlugin,
+            max_affinity_terms: 64,
+            max_affinity_expressions: 256,
+            max_affinity_values: 10_000,
         }
     }
 }
