@@ -572,7 +572,18 @@ fn chart_pods_run(n: &mut Node) {
         Duration::from_secs(60),
         || n.get("node", None, NODE)["status"]["allocatable"]["hami.io/preload"] == "1024",
     );
+    // The tenant namespace keeps Pod Security baseline enforced: every pod of this test runs
+    // under it, KAI pods included (their hook comes from Allocate, not a hostPath).
     n.ok(&["create", "namespace", TENANT], None);
+    n.ok(
+        &[
+            "label",
+            "namespace",
+            TENANT,
+            "pod-security.kubernetes.io/enforce=baseline",
+        ],
+        None,
+    );
 }
 
 fn hami_pod_end_to_end(n: &mut Node) {
@@ -1535,6 +1546,10 @@ const CASES: &[Case<Node>] = &[
     (
         "hostile tenant: a tenant identity with namespaced pod rights only",
         hostile::tenant_identity,
+    ),
+    (
+        "hostile tenant: Pod Security baseline refuses a hostPath and a privileged pod",
+        hostile::pod_security_baseline,
     ),
     (
         "hostile tenant: the pod label hami.io/webhook=ignore skips no check",

@@ -1178,3 +1178,55 @@ fn a_gpu_containers_env_from_may_not_replace_the_plugins_device_list() {
         create_twice(&hami_pod(from, json!({})), &Settings::default());
     }
 }
+
+/// A HAMi GPU container's own mount at, above or inside what `Allocate` mounts is refused, the
+/// message naming the mount and what it would hide; the hook folder follows
+/// `devicePluginHookPath`; ordinary mounts (and `/tmp` above the lock folder) stay allowed.
+#[test]
+fn gpu_containers_may_not_mount_over_what_allocate_mounts() {
+    let mounted = |path: &str| {
+        hami_pod(
+            json!({"volumeMounts": [{"name": "mine", "mountPath": path}]}),
+            json!({}),
+        )
+    };
+    let hooked = Settings {
+        device_plugin_hook_path: "/opt/hami".into(),
+        ..Settings::default()
+    };
+    for (path, settings, names) in [
+        ("/overrideEnv", Settings::default(), "the limits file"),
+        ("/overrideEnv/", Settings::default(), "the limits file"),
+        ("//etc/./ld.so.preload", Settings::default(), "preload list"),
+        ("/etc", Settings::default(), "above /etc/ld.so.preload"),
+        ("/", Settings::default(), "above"),
+        ("/usr/local/vgpu", Settings::default(), "HAMi-core"),
+        ("/usr/local", Settings::default(), "above /usr/local/vgpu"),
+        (
+            "/usr/local/vgpu/usage.cache",
+            Settings::default(),
+            "inside /usr/local/vgpu",
+        ),
+        ("usr/local/vgpu/libvgpu.so", Settings::default(), "inside"),
+        ("/tmp/vgpulock", Settings::default(), "lock folder"),
+        ("/tmp/vgpulock/lock", Settings::default(), "lock folder"),
+        ("/opt/hami/vgpu", hooked.clone(), "/opt/hami/vgpu"),
+        ("/opt", hooked.clone(), "above /opt/hami/vgpu"),
+    ] {
+        let message = denial(&mounted(path), &settings);
+        assert!(
+            message.contains(names) && message.contains(&format!("{path:?}")),
+            "{path}: {message}"
+        );
+    }
+    for (path, settings) in [
+        ("/tmp", Settings::default()),
+        ("/data", Settings::default()),
+        ("/usr/local/vgpu2", Settings::default()),
+        ("/etc/ld.so.preload.d", Settings::default()),
+        ("/usr/local/vgpu", hooked.clone()),
+    ] {
+        let a = create(&mounted(path), &settings);
+        assert_ne!(a.outcome, Outcome::Denied, "{path}: {}", a.message);
+    }
+}

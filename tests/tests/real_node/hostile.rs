@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{
     GPU_0, GPU_1, NODE, NS, Node, PREFIX, TENANT, assert_capped_inside, bind, delete_pod, hami_pod,
-    kai_pod, pod_uid, schedule_and_bind_as_hami, text, wait_for, wait_running,
+    kai_pod, pod_uid, schedule_and_bind_as_hami, text, wait_for, wait_running, workload_pod,
 };
 
 /// The tenant: a ServiceAccount of the tenant namespace, impersonated by the admin.
@@ -611,5 +611,28 @@ pub fn affinity_cost(n: &mut Node) {
         "KAI fraction pod with one NotIn of 60,000 values",
         &p,
         &[WEBHOOK_DENIED, "values"],
+    );
+}
+
+/// Item 7: the tenant namespace enforces Pod Security `baseline` (every GPU pod of this test runs
+/// there): a pod of the tenant's own with a `hostPath` of the host's `/`, or privileged, is refused
+/// by the API server's PodSecurity admission.
+pub fn pod_security_baseline(n: &mut Node) {
+    let mut host = workload_pod("host-root", json!({}), json!({}), json!([]));
+    host["spec"]["volumes"] = json!([{"name": "root", "hostPath": {"path": "/"}}]);
+    host["spec"]["containers"][0]["volumeMounts"] = json!([{"name": "root", "mountPath": "/host"}]);
+    refused(
+        n,
+        "a pod mounting the host's / (hostPath)",
+        &host,
+        &["violates PodSecurity", "hostPath"],
+    );
+    let mut privileged = workload_pod("cpu-privileged", json!({}), json!({}), json!([]));
+    privileged["spec"]["containers"][0]["securityContext"] = json!({"privileged": true});
+    refused(
+        n,
+        "a privileged pod without a GPU",
+        &privileged,
+        &["violates PodSecurity", "privileged"],
     );
 }

@@ -19,10 +19,11 @@
 //! (lines 380-385): every container that gets no GPU gets `NVIDIA_VISIBLE_DEVICES=none`, except in
 //! KAI pods (`gpu-memory` / `gpu-fraction`: their GPUs come from another device plugin).
 
+use hami_shared::mountpath::{Overlap, overlap};
 use hami_shared::names::{
     ANNOTATION_GPU_FRACTION, ANNOTATION_GPU_MEMORY, ENV_CUDA_DISABLE_CONTROL,
     ENV_CUDA_TASK_PRIORITY, ENV_GPU_CORE_UTILIZATION_POLICY, ENV_NVIDIA_VISIBLE_DEVICES,
-    LD_SO_PRELOAD_PATH, OVERRIDE_ENV_PATH,
+    LD_SO_PRELOAD_PATH, OVERRIDE_ENV_PATH, VGPU_LOCK_PATH,
 };
 use hami_shared::values::{CorePolicy, TaskPriority};
 
@@ -136,7 +137,7 @@ fn mutate_gpu_container(
         container,
         settings.tenancy.allows_visible_devices(m.namespace()),
     )?;
-    check_device_plugin_mounts(m, container)?;
+    check_device_plugin_mounts(m, container, settings)?;
     if let Some((value, _)) = &priority {
         set_env(m, at, container, ENV_CUDA_TASK_PRIORITY, value);
     }
@@ -152,31 +153,58 @@ fn mutate_gpu_container(
     Ok(())
 }
 
-/// A GPU container may not mount its own volume where the device plugin's `Allocate` mounts the
-/// limits file (`/overrideEnv`) or the preload list (`/etc/ld.so.preload`; not when the container
-/// sets `CUDA_DISABLE_CONTROL=true`, which turns that mount off). On a real node (containerd 1.6,
-/// runc, `tests/tests/real_node.rs`) the pod's mount at the same path is applied after the device
-/// plugin's: a file there would replace the limits in every process (an empty one: no limit), and
-/// a folder makes the container fail to start. Paths are compared cleaned, as kubelet does.
+/// A GPU container may not mount its own volume at, above or inside what the device plugin's
+/// `Allocate` mounts: the limits file (`/overrideEnv`), the preload list (`/etc/ld.so.preload`;
+/// not when the container sets `CUDA_DISABLE_CONTROL=true` where that is allowed, which turns that
+/// mount off), the hook folder `<hookPath>/vgpu` (HAMi-core, the preload library, the shared
+/// region) and, inside only, HAMi-core's lock folder (`/tmp/vgpulock`; an `emptyDir` at `/tmp` is
+/// common and hides nothing that matters). On a real node (`tests/tests/real_node.rs`) the pod's
+/// mount is applied after the device plugin's: a file there would replace the limits in every
+/// process (an empty one: no limit), a folder over the hook folder would hide HAMi-core. Paths are
+/// compared cleaned, as the runtime reads them; the device plugin checks the same at `Allocate`
+/// for pods that never came here.
 fn check_device_plugin_mounts(
     m: &PodMutation<'_, '_>,
     container: &Container<'_>,
+    settings: &Settings,
 ) -> Result<(), Denial> {
     let preload_off = container
         .env_var(ENV_CUDA_DISABLE_CONTROL)
         .is_some_and(|e| e.value.as_deref() == Some("true"));
+    let vgpu = settings.device_plugin_hook_path.join("vgpu");
+    let vgpu = resolve(&vgpu.display().to_string()).into_owned();
+    let mut protected: Vec<(&str, &str, bool)> = vec![
+        (OVERRIDE_ENV_PATH, "the limits file", true),
+        (
+            vgpu.as_str(),
+            "HAMi-core, the preload library and the container's own folder",
+            true,
+        ),
+        (VGPU_LOCK_PATH, "HAMi-core's lock folder", false),
+    ];
+    if !preload_off {
+        protected.push((
+            LD_SO_PRELOAD_PATH,
+            "the preload list that loads HAMi-core",
+            true,
+        ));
+    }
     for mnt in container.volume_mounts.as_deref().unwrap_or_default() {
         let path = resolve(&mnt.mount_path);
-        let what = if path == OVERRIDE_ENV_PATH {
-            "the limits file"
-        } else if path == LD_SO_PRELOAD_PATH && !preload_off {
-            "the preload list that loads HAMi-core"
-        } else {
+        let hit = protected.iter().find_map(|&(ours, what, above)| {
+            overlap(&path, ours)
+                .filter(|o| above || *o != Overlap::Above)
+                .map(|o| (ours, what, o))
+        });
+        let Some((ours, what, o)) = hit else {
             continue;
         };
         return Err(m.deny(format_args!(
-            "container {:?} mounts volume {:?} at {:?} ({path}), where the device plugin mounts {what} on allocation: the container's mount would replace it; remove or move that mount",
-            container.name, mnt.name, mnt.mount_path
+            "container {:?} mounts volume {:?} at {:?} ({path}), where the device plugin mounts {what} on allocation ({} {ours}): the container's mount would replace or hide it; remove or move that mount",
+            container.name,
+            mnt.name,
+            mnt.mount_path,
+            o.describe()
         )));
     }
     Ok(())

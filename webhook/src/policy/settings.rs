@@ -38,6 +38,10 @@ pub struct Settings {
     pub kai: KaiSettings,
     /// What a tenant's pod may not do, and the operator's per-namespace escape hatches.
     pub tenancy: TenancySettings,
+    /// The device plugin's `HOOK_PATH` (HAMi's chart: `/usr/local`): its `Allocate` mounts
+    /// `<hookPath>/vgpu` (HAMi-core, the preload library, the container's own folder) at the same
+    /// path in HAMi GPU containers, so a container's own mount at, above or inside it is refused.
+    pub device_plugin_hook_path: PathBuf,
     /// A HAMi `device-config.yaml` (e.g. HAMi's own ConfigMap, mounted) whose `nvidia:` section is
     /// used instead of one in this file (its other sections are ignored). Read by the loader
     /// (`Settings::load_from_env`, in `crate::shell::settings_load`);
@@ -55,6 +59,7 @@ impl Default for Settings {
             server: ServerSettings::default(),
             kai: KaiSettings::default(),
             tenancy: TenancySettings::default(),
+            device_plugin_hook_path: PathBuf::from("/usr/local"),
             device_config_file: None,
         }
     }
