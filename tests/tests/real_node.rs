@@ -795,7 +795,23 @@ fn kai_gpu_fraction_sized_on_the_node(n: &mut Node) {
         "hostPath": {"path": nvidia1.display().to_string(), "type": "CharDevice"}}]);
     p["spec"]["containers"][0]["volumeMounts"] =
         json!([{"name": "nvidia1", "mountPath": "/dev/nvidia1", "readOnly": true}]);
+    // The harness stands in for the GPU's device node with a hostPath of its own, which the
+    // tenant namespace's Pod Security baseline refuses: lifted for this one creation only.
+    let psa = |level: &str| {
+        n.ok(
+            &[
+                "label",
+                "namespace",
+                TENANT,
+                "--overwrite",
+                &format!("pod-security.kubernetes.io/enforce={level}"),
+            ],
+            None,
+        );
+    };
+    psa("privileged");
     let out = n.create(&p);
+    psa("baseline");
     assert!(out.status.success(), "{}", text(&out.stderr));
     bind(n, "kai-per-node");
     wait_running(n, "kai-per-node");
@@ -1189,11 +1205,18 @@ fn kubelet_restart(n: &mut Node) {
         socket_back.as_secs_f64(),
         start.elapsed().as_secs_f64()
     );
-    // A new pod allocates through the re-registered plugin.
-    assert!(
-        n.create(&hami_pod("after-kubelet", 1000, 10))
-            .status
-            .success()
+    // A new pod allocates through the re-registered plugin (the webhook's pods on this node may
+    // still be getting Ready again after the restart: failurePolicy Fail refuses until then).
+    wait_for(
+        "the webhook to admit a GPU pod after the kubelet restart",
+        Duration::from_secs(60),
+        || {
+            let out = n.create(&hami_pod("after-kubelet", 1000, 10));
+            if !out.status.success() {
+                eprintln!("  not yet: {}", text(&out.stderr).trim());
+            }
+            out.status.success()
+        },
     );
     schedule_and_bind_as_hami(n, "after-kubelet", GPU_0, 1000, 10);
     wait_running(n, "after-kubelet");
