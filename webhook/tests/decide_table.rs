@@ -403,12 +403,14 @@ fn gpu_container_mounts_where_the_device_plugin_mounts_are_denied() {
         assert_eq!(
             denied(&mount(path), &Settings::default()),
             format!(
-                r#"pod ml-team/infer-: container "infer" mounts volume "mine" at {path:?} ({clean}), where the device plugin mounts {what} on allocation: the container's mount would replace it; remove or move that mount"#
+                r#"pod ml-team/infer-: container "infer" mounts volume "mine" at {path:?} ({clean}), where the device plugin mounts {what} on allocation (at the same path as {clean}): the container's mount would replace or hide it; remove or move that mount"#
             )
         );
     }
-    // Elsewhere (also /etc itself: the device plugin's deeper mount is applied on top of it).
-    for path in ["/etc", "/etc/config", "/overrideEnv.d", "/data/overrideEnv"] {
+    // Above a protected path is refused too (the issue's "at, above or below"), naming it.
+    assert!(denied(&mount("/etc"), &Settings::default()).contains("(above /etc/ld.so.preload)"));
+    // Elsewhere.
+    for path in ["/etc/config", "/overrideEnv.d", "/data/overrideEnv"] {
         assert_eq!(
             run(&mount(path), &Settings::default()).outcome,
             Outcome::Patched,
