@@ -155,7 +155,7 @@ fn judge_target(target: Target, args: &RegionArgs) -> Judged {
 }
 
 fn mib(bytes: u64) -> String {
-    if bytes % (1 << 20) == 0 {
+    if bytes.is_multiple_of(1 << 20) {
         format!("{} MiB", bytes >> 20)
     } else {
         format!("{bytes} B")

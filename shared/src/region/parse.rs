@@ -231,9 +231,7 @@ fn layout_of(b: &Bytes<'_>) -> Result<&'static Layout, ParseError> {
         b.u32(4).map_err(|_| header(12))?,
         b.u32(8).map_err(|_| header(12))?,
     );
-    if (major, minor) == (1, 1)
-        && length >= TRANSIENT_V1_1_SIZE
-        && length <= TRANSIENT_V1_1_SIZE + 1
+    if (major, minor) == (1, 1) && (TRANSIENT_V1_1_SIZE..=TRANSIENT_V1_1_SIZE + 1).contains(&length)
     {
         return Err(ParseError::TransientLayout { length });
     }

@@ -287,7 +287,7 @@ pub struct ContainerVerdict {
 fn gib(bytes: u64) -> String {
     if bytes == 0 {
         "0 (no limit)".to_owned()
-    } else if bytes % (1 << 20) == 0 {
+    } else if bytes.is_multiple_of(1 << 20) {
         format!("{} MiB", bytes >> 20)
     } else {
         format!("{bytes} bytes")
