@@ -188,7 +188,9 @@ fn write_human(out: &mut impl Write, j: &Judged) -> std::io::Result<()> {
     let Ok(r) = &j.region else {
         return Ok(());
     };
-    let (prio, file_prio) = v.priority.unwrap_or((r.priority, None));
+    let (prio, file_prio) = v
+        .priority
+        .map_or((r.priority, None), |p| (p.stamped, p.file));
     writeln!(
         out,
         "  layout {} ({} bytes), devices seen {}, priority {}{}",

@@ -29,8 +29,8 @@ pub use io::{ContainerDir, container_dirs, limits_file_for, read_limits_file, re
 pub use layout::{LAYOUTS, Layout, MAX_REGION_FILE_BYTES};
 pub use parse::{DeviceMemory, ParseError, ProcSlot, Region, parse};
 pub use verdict::{
-    ContainerVerdict, CorePolicyReading, FileLimits, GpuVerdict, Liveness, MemoryBasis, SlotReport,
-    UtilizationReport, Verdict, judge,
+    ContainerVerdict, CorePolicyReading, FileLimits, GpuVerdict, Liveness, MemoryBasis,
+    PriorityReport, SlotReport, UtilizationReport, Verdict, judge,
 };
 
 use serde::Serialize;

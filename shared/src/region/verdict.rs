@@ -265,6 +265,15 @@ pub struct UtilizationReport {
     pub limiter_on: bool,
 }
 
+/// `priority` as stamped and as the file would stamp it (HAMi's monitor: lower is higher).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PriorityReport {
+    /// The region's `priority`.
+    pub stamped: i32,
+    /// `atoi(CUDA_TASK_PRIORITY)` of the file (1 when unset); `None` without a file.
+    pub file: Option<i32>,
+}
+
 /// The verdict for one container.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ContainerVerdict {
@@ -279,7 +288,7 @@ pub struct ContainerVerdict {
     /// The utilization switch.
     pub utilization: Option<UtilizationReport>,
     /// Stamped `priority` and the file's.
-    pub priority: Option<(i32, Option<i32>)>,
+    pub priority: Option<PriorityReport>,
     /// How the file's memory limit was derived.
     pub memory_basis: Option<MemoryBasis>,
 }
@@ -457,7 +466,10 @@ pub fn judge(
             file_policy,
             limiter_on,
         }),
-        priority: Some((region.priority, file.map(|f| f.priority))),
+        priority: Some(PriorityReport {
+            stamped: region.priority,
+            file: file.map(|f| f.priority),
+        }),
         memory_basis: file.map(|f| f.memory_basis.clone()),
     }
 }
