@@ -9,9 +9,9 @@ use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::error::{RegionError, RegionErrorKind};
 use super::layout::MAX_REGION_FILE_BYTES;
 use super::parse::{Region, parse};
-use super::{RegionError, RegionErrorKind};
 use crate::limits_file::{ParsedLimitsFile, parse_bytes};
 use crate::names::{LIMITS_FILE_SUFFIX, USAGE_CACHE_FILE};
 

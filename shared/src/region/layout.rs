@@ -235,9 +235,12 @@ pub const V1_2: Layout = Layout {
 /// Every layout the reader accepts.
 pub const LAYOUTS: [&Layout; 2] = [&V1_1, &V1_2];
 
-/// The most bytes any accepted region file holds: the largest layout plus
-/// [`crate::region::READ_MARGIN`].
-pub const MAX_REGION_FILE_BYTES: usize = V1_REGION_SIZE + super::READ_MARGIN;
+/// Bytes accepted past a layout's size: HAMi-core's file is one byte longer than the structure,
+/// and a file grown by an older, larger layout keeps its length. Anything longer is refused.
+pub const READ_MARGIN: usize = 4096;
+
+/// The most bytes any accepted region file holds: the largest layout plus [`READ_MARGIN`].
+pub const MAX_REGION_FILE_BYTES: usize = V1_REGION_SIZE + READ_MARGIN;
 
 /// The layout stamped `major.minor`, if the reader knows it.
 pub fn layout_for(major: u32, minor: u32) -> Option<&'static Layout> {

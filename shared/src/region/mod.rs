@@ -16,6 +16,7 @@
 //!   `unreadable`, `no-limit` — from the region, [`FileLimits`] and a PID liveness oracle.
 //! - [`fixture`]: regions in HAMi-core's exact layout, for tests and fuzzing.
 
+mod error;
 pub mod fixture;
 mod io;
 pub mod layout;
@@ -25,67 +26,14 @@ pub mod verdict;
 #[cfg(test)]
 mod tests;
 
-pub use io::{ContainerDir, container_dirs, limits_file_for, read_limits_file, read_region_file};
-pub use layout::{LAYOUTS, Layout, MAX_REGION_FILE_BYTES};
+pub use error::{RegionError, RegionErrorKind};
+pub use io::{
+    ContainerDir, LIMITS_FILE_READ_BYTES, container_dirs, limits_file_for, read_limits_file,
+    read_region_file,
+};
+pub use layout::{LAYOUTS, Layout, MAX_REGION_FILE_BYTES, READ_MARGIN};
 pub use parse::{DeviceMemory, ParseError, ProcSlot, Region, parse};
 pub use verdict::{
     ContainerVerdict, CorePolicyReading, FileLimits, GpuVerdict, Liveness, MemoryBasis,
     PriorityReport, SlotReport, UtilizationReport, Verdict, judge,
 };
-
-use serde::Serialize;
-
-/// Bytes accepted past a layout's size: HAMi-core's file is one byte longer than the structure,
-/// and a file grown by an older, larger layout keeps its length. Anything longer is refused.
-pub const READ_MARGIN: usize = 4096;
-
-/// A region file that could not be read, or whose bytes are not a region; names the path.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
-#[error("{path}: {kind}")]
-pub struct RegionError {
-    /// The file.
-    pub path: String,
-    /// What went wrong.
-    pub kind: RegionErrorKind,
-}
-
-/// What went wrong with a region file.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize)]
-#[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum RegionErrorKind {
-    /// No file: no process of the container has started CUDA (or HAMi-core uses another path).
-    #[error("no such file (no process has started CUDA with this region yet)")]
-    Missing,
-    /// A symbolic link: refused, never followed (the container can write its folder).
-    #[error("a symbolic link: refused (a region is a regular file; links are never followed)")]
-    Symlink,
-    /// Not a regular file.
-    #[error("a {file_type}, not a regular file: refused")]
-    NotRegular {
-        /// `directory`, `fifo`, `socket`, `character device`, `block device`.
-        file_type: &'static str,
-    },
-    /// An I/O error.
-    #[error("cannot {op}: {message}")]
-    Io {
-        /// `open`, `stat`, `read`.
-        op: &'static str,
-        /// The error.
-        message: String,
-    },
-    /// The bytes are not a region the reader accepts.
-    #[error("{0}")]
-    Parse(ParseError),
-}
-
-impl RegionError {
-    /// True when no process has created the region yet (missing, empty, being initialised):
-    /// the `no-region` verdict rather than `unreadable`.
-    pub fn is_no_region(&self) -> bool {
-        matches!(
-            self.kind,
-            RegionErrorKind::Missing
-                | RegionErrorKind::Parse(ParseError::Empty | ParseError::NotInitialised { .. })
-        )
-    }
-}

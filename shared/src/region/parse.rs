@@ -7,10 +7,9 @@
 
 use serde::Serialize;
 
-use super::READ_MARGIN;
 use super::layout::{
-    DEVICE_COUNT, DEVICE_MEMORY_SIZE, DEVICE_UTIL_SIZE, LAYOUTS, Layout, MAGIC_FLAG, SLOT_COUNT,
-    TRANSIENT_V1_1_SIZE, UUID_SIZE, layout_for,
+    DEVICE_COUNT, DEVICE_MEMORY_SIZE, DEVICE_UTIL_SIZE, LAYOUTS, Layout, MAGIC_FLAG, READ_MARGIN,
+    SLOT_COUNT, TRANSIENT_V1_1_SIZE, UUID_SIZE, layout_for,
 };
 
 /// One device's entry of a slot's `used[]` (`device_memory_t`), in bytes.

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::RegionError;
+use super::error::RegionError;
 use super::layout::DEVICE_COUNT;
 use super::parse::{ProcSlot, Region};
 use crate::hami_core::{atoi, read_limit};
