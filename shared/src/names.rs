@@ -115,6 +115,8 @@ pub const ANNOTATION_KAI_SHARED_GPU_CONFIGMAP: &str = "runai/shared-gpu-configma
 pub const LABEL_KAI_QUEUE: &str = "kai.scheduler/queue";
 /// KAI's default scheduler name.
 pub const KAI_SCHEDULER_NAME: &str = "kai-scheduler";
+/// The namespace where KAI's binder creates its GPU reservation pods (KAI v0.17's default).
+pub const KAI_RESERVATION_NAMESPACE: &str = "kai-resource-reservation";
 
 // ---------------------------------------------------------------------------------------------
 // Node labels (GPU Feature Discovery / GPU Operator) and webhook opt-out

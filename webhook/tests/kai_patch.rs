@@ -293,6 +293,19 @@ fn large_pod_env_everywhere_preload_where_configured() {
         assert_eq!(all.len(), 44);
         let first_regular = out.pod.spec.as_ref().unwrap().containers[0].name.clone();
         for c in &all {
+            // Only a preloaded container gets a GPU from KAI and HAMi-core: only it is capped.
+            if mode == PreloadContainers::Fraction && c.name != first_regular {
+                assert!(env(c, "CUDA_DEVICE_MEMORY_LIMIT").is_empty(), "{}", c.name);
+                assert!(
+                    !mounts(c)
+                        .iter()
+                        .any(|m| m.1 == "/overrideEnv" || m.0 == "kai-resource-isolator-vgpu"),
+                    "{}",
+                    c.name
+                );
+                assert!(annotation(&out.pod, &format!("limits.hami.io/{}", c.name)).is_none());
+                continue;
+            }
             assert_eq!(env(c, "CUDA_DEVICE_MEMORY_LIMIT"), ["8192m"], "{}", c.name);
             let m = mounts(c);
             let preloaded = m
@@ -335,7 +348,12 @@ fn large_pod_env_everywhere_preload_where_configured() {
             .and_then(|v| v.downward_api.as_ref())
             .and_then(|d| d.items.as_ref())
             .unwrap();
-        assert_eq!(items.len(), 44);
+        let capped = if mode == PreloadContainers::All {
+            44
+        } else {
+            1
+        };
+        assert_eq!(items.len(), capped);
         // One volume each, never duplicated.
         let names: Vec<&str> = spec
             .volumes
@@ -370,11 +388,12 @@ fn bare_pod_gets_whole_arrays() {
     let main = &spec.containers[0];
     // 04000 is 4000 MiB, never the octal 2048 of `04000m`.
     assert_eq!(env(init, "CUDA_DEVICE_MEMORY_LIMIT"), ["4000m"]);
-    assert_eq!(env(main, "CUDA_DEVICE_MEMORY_LIMIT"), ["4000m"]);
+    // The main container gets no GPU from KAI and no HAMi-core: no cap, no file.
+    assert!(env(main, "CUDA_DEVICE_MEMORY_LIMIT").is_empty());
     let mut init_expected = preload_mounts();
     init_expected.push(limits_mount("init"));
     assert_eq!(mounts(init), init_expected);
-    assert_eq!(mounts(main), vec![limits_mount("main")]);
+    assert!(mounts(main).is_empty());
     assert_eq!(spec.volumes.as_ref().unwrap().len(), 2);
     // Whole arrays were added, never `…/-` on a missing array.
     for op in &out.ops {
@@ -443,7 +462,10 @@ fn containers_that_set_their_own_limit_get_no_env_and_no_file() {
         {"name": "from-ref", "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "k"}}}]},
         {"name": "plain"}
     ]}});
-    let out = mutate(&pod, &allow(settings(16384)));
+    // Every container preloaded, so that each is capped unless it sets its own limit.
+    let mut s = allow(settings(16384));
+    s.kai.preload_containers = PreloadContainers::All;
+    let out = mutate(&pod, &s);
     let spec = out.pod.spec.as_ref().unwrap();
     assert_eq!(
         env(&spec.containers[0], "CUDA_DEVICE_MEMORY_LIMIT"),
@@ -523,7 +545,9 @@ fn copied_variables_land_in_the_file_when_harmless() {
             {"name": "CUDA_TASK_PRIORITY", "value": "high"},
             {"name": "GPU_CORE_UTILIZATION_POLICY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}
     ]}});
-    let out = mutate(&pod, &allow(settings(16384)));
+    let mut s = allow(settings(16384));
+    s.kai.preload_containers = PreloadContainers::All;
+    let out = mutate(&pod, &s);
     let a = annotation(&out.pod, "limits.hami.io/a").unwrap();
     assert_eq!(
         a,
@@ -758,16 +782,21 @@ fn many_containers(n: usize) -> Value {
 
 #[test]
 fn wide_pods_are_denied_before_their_patch_outgrows_what_can_be_stored() {
-    let s = settings(16384);
+    // Every container preloaded (and so capped): the widest patch the webhook can be asked for.
+    let mut s = settings(16384);
+    s.kai.preload_containers = PreloadContainers::All;
+    s.kai.hook_delivery = hami_webhook::policy::kai::HookDelivery::DevicePlugin;
     // A few hundred containers: fine.
     let out = mutate(&many_containers(300), &s);
     assert_eq!(
         annotation(&out.pod, "limits.hami.io/c299"),
-        Some("CUDA_DEVICE_MEMORY_LIMIT=8192m\nHAMI_LIMITS_FORMAT=1\n")
+        Some(
+            "CUDA_DEVICE_MEMORY_LIMIT=8192m\nHAMI_GPU_FRACTION=0.5\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
+        )
     );
-    // 5,000: the limits files alone pass the API server's 256 KiB of annotations.
-    let message = denial(&many_containers(5000), &s);
-    assert!(message.contains("pod ml/wide: the limits files of its 5000 containers would bring the pod's annotations past 256 KiB"), "{message}");
+    // 2,500: the limits files alone pass the API server's 256 KiB of annotations.
+    let message = denial(&many_containers(2500), &s);
+    assert!(message.contains("pod ml/wide: the limits files of its 2500 containers would bring the pod's annotations past 256 KiB"), "{message}");
     // The tester's 91,358: the variables pass the patch bound before the files are built.
     let message = denial(&many_containers(91_358), &s);
     assert!(
@@ -786,6 +815,7 @@ fn wide_pods_are_denied_before_their_patch_outgrows_what_can_be_stored() {
     let all = Settings {
         kai: KaiSettings {
             preload_containers: PreloadContainers::All,
+            hook_delivery: hami_webhook::policy::kai::HookDelivery::HostPath,
             ..s.kai.clone()
         },
         ..s.clone()
@@ -816,7 +846,9 @@ fn warnings_are_capped() {
         c["env"] =
             json!([{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": format!("{}m", name.len())}]);
     }
-    let out = mutate(&pod, &allow(settings(16384)));
+    let mut s = allow(settings(16384));
+    s.kai.preload_containers = PreloadContainers::All;
+    let out = mutate(&pod, &s);
     assert_eq!(
         out.warnings.len(),
         hami_webhook::policy::mutation::MAX_WARNINGS + 1
@@ -1259,13 +1291,10 @@ fn only_the_preloaded_container_gets_the_per_node_keys() {
         "metadata": {"name": "p", "annotations": {"gpu-fraction": "0.5", "gpu-fraction-container-name": "gpu"}},
         "spec": {"schedulerName": "kai-scheduler", "containers": [{"name": "sidecar"}, {"name": "gpu"}]}});
     let out = mutate(&pod, &settings(81_920));
+    // The sidecar gets no GPU and no HAMi-core: no file at all.
     assert_eq!(
         out.files,
         [
-            (
-                "sidecar".to_owned(),
-                "CUDA_DEVICE_MEMORY_LIMIT=40960m\nHAMI_LIMITS_FORMAT=1\n".to_owned()
-            ),
             (
                 "gpu".to_owned(),
                 "CUDA_DEVICE_MEMORY_LIMIT=40960m\nHAMI_GPU_FRACTION=0.5\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"

@@ -84,6 +84,9 @@ pub fn decide_pod(
     vram: &dyn VramBasis,
 ) -> Decision {
     let mut m = PodMutation::new(pod, request_namespace);
+    if is_kai_internal(m.namespace(), &settings.kai) {
+        return Decision::allow();
+    }
     scheduler_owned::strip(&mut m);
     let result = delivery::validate(&m, &settings.tenancy).and_then(|delivery| {
         let kai_fraction = kai::fraction_entries(pod, &settings.kai);
@@ -96,4 +99,10 @@ pub fn decide_pod(
         Ok(()) => m.into_decision(),
         Err(Denial { message }) => Decision::Deny { message },
     }
+}
+
+/// A pod in KAI's reservation namespace: KAI's binder made it (tenants cannot create pods there
+/// unless the operator lets them), and its binding waits for it.
+fn is_kai_internal(namespace: Option<&str>, kai: &crate::policy::kai::KaiSettings) -> bool {
+    !kai.reservation_namespace.is_empty() && namespace == Some(kai.reservation_namespace.as_str())
 }

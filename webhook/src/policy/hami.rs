@@ -228,6 +228,37 @@ fn names_share_limit(
 /// Add `name=value` unless the container defines `name`; a definition with another value (or a
 /// `valueFrom`) is left alone with a warning. The same literal value is silent, so reviewing an
 /// already-mutated pod changes nothing and warns about nothing.
+/// HAMi's webhook appends its variables without looking: behind ours (its configuration name
+/// sorts after the chart's), the pod would carry each twice and the API server warns that the
+/// second "hides previous definition". On the reinvocation that follows, every repeat of an entry
+/// that is exactly ours is removed, so that the stored pod has one entry per variable in either
+/// order. Only identical literal repeats: anything else is left for the tenancy check to judge.
+fn drop_repeats(
+    m: &mut PodMutation<'_, '_>,
+    at: ContainerRef,
+    container: &Container<'_>,
+    name: &str,
+    value: &str,
+) {
+    let entries: Vec<(usize, &crate::wire::pod::EnvVar<'_>)> = container
+        .env
+        .iter()
+        .flatten()
+        .enumerate()
+        .filter(|(_, e)| e.name == name)
+        .collect();
+    if entries.len() < 2
+        || !entries
+            .iter()
+            .all(|(_, e)| !e.is_value_from() && e.value.as_deref() == Some(value))
+    {
+        return;
+    }
+    for (index, _) in entries.into_iter().skip(1) {
+        m.patch.remove_env(at, index);
+    }
+}
+
 fn set_env(
     m: &mut PodMutation<'_, '_>,
     at: ContainerRef,
@@ -242,6 +273,7 @@ fn set_env(
             }
         }
         Some(existing) if !existing.is_value_from() && existing.value.as_deref() == Some(value) => {
+            drop_repeats(m, at, container, name, value);
         }
         Some(existing) => {
             let current = if existing.is_value_from() {

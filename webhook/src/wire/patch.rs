@@ -143,6 +143,8 @@ pub struct NewEnvVar {
 #[derive(Debug, Default)]
 struct ContainerAdds {
     env: Vec<PatchValue>,
+    /// Indexes into the container's own `env` to remove (duplicates another webhook appended).
+    removed_env: Vec<usize>,
     volume_mounts: Vec<PatchValue>,
 }
 
@@ -370,6 +372,18 @@ impl<'p, 'a> PodPatch<'p, 'a> {
             }));
     }
 
+    /// Remove the container's own `env[index]` (an entry that repeats an earlier one of the same
+    /// name and value). Removals are rendered highest index first, before any addition.
+    pub fn remove_env(&mut self, at: ContainerRef, index: usize) {
+        if !self.spend(OP_OVERHEAD) {
+            return;
+        }
+        let removed = &mut self.containers.entry(at).or_default().removed_env;
+        if !removed.contains(&index) {
+            removed.push(index);
+        }
+    }
+
     /// Whether the pod has, or this patch adds, a volume named `name`.
     #[must_use]
     pub fn has_volume(&self, name: &str) -> bool {
@@ -496,6 +510,15 @@ impl<'p, 'a> PodPatch<'p, 'a> {
                 continue;
             };
             let base = format!("/spec/{}/{}", at.kind.field(), at.index);
+            let mut removed = adds.removed_env;
+            removed.sort_unstable_by(|a, b| b.cmp(a));
+            for index in removed {
+                ops.push(PatchOp {
+                    op: PatchOpKind::Remove,
+                    path: format!("{base}/env/{index}"),
+                    value: PatchValue::Null,
+                });
+            }
             let has_env = container.env.as_deref().is_some_and(|e| !e.is_empty());
             push_array_adds(&mut ops, format!("{base}/env"), has_env, adds.env);
             let has_mounts = container

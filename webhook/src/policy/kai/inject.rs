@@ -338,16 +338,19 @@ pub fn sets_own_limit(
         })
 }
 
-/// Add `CUDA_DEVICE_MEMORY_LIMIT=<mib>m` to every container and init container that does not set
-/// a memory-limit variable of its own. Returns the limit and the containers whose limit is the
-/// webhook's (added now, or already present from an earlier review, or replaced by KAI's own
-/// entry: `kai` = (KAI's fraction container, the ConfigMap of that entry)).
+/// Add `CUDA_DEVICE_MEMORY_LIMIT=<mib>m` to each of `targets` (the containers HAMi-core is
+/// preloaded into) that does not set a memory-limit variable of its own. Returns the limit and the
+/// containers whose limit is the webhook's (added now, or already present from an earlier review,
+/// or replaced by KAI's own entry: `kai` = (KAI's fraction container, the ConfigMap of that
+/// entry)). Other containers get no GPU from KAI (the runtime exposes it from the fraction
+/// container's `NVIDIA_VISIBLE_DEVICES` only) and no HAMi-core: a cap there would cap nothing.
 ///
 /// # Errors
 /// [`Denial`] when `mib` is not a limit HAMi-core can hold (0 or too large).
 pub fn memory_limit(
     m: &mut PodMutation<'_, '_>,
     mib: u64,
+    targets: &[ContainerRef],
     kai: Option<(ContainerRef, &str)>,
 ) -> Result<(MemoryLimitMib, Vec<ContainerRef>), Denial> {
     let limit = MemoryLimitMib::new(mib)
@@ -356,7 +359,7 @@ pub fn memory_limit(
     let value = limit.to_string();
     let pod = m.pod();
     let mut limited = Vec::new();
-    for (at, container) in pod.all_containers() {
+    for (at, container) in pod.all_containers().filter(|(at, _)| targets.contains(at)) {
         m.check_patch_size()?;
         let kai_cm = kai.filter(|(c, _)| *c == at).map(|(_, cm)| cm);
         match limit_state(container, &value, kai_cm) {

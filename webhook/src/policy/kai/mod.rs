@@ -12,7 +12,8 @@
 //!    `hami.io/preload`, whose device plugin mounts the hook; or the hostPath volume and two
 //!    mounts), which may not set HAMi-core's variables themselves
 //!    ([`crate::policy::tenancy::hami_core_env`]; KAI's own entries excepted), and the limit
-//!    variable into every container that does not set one.
+//!    variable into each of them that does not set one (no other container gets a GPU or
+//!    HAMi-core, so none gets a cap).
 //! 4. [`downward`]: in `file` delivery mode, the per-container limits file as a webhook-owned
 //!    annotation, projected read-only at `/overrideEnv`; for `gpu-fraction` it also carries the
 //!    fraction and the node GPU file's path (the preload library's exact per-node cap), and for a
@@ -194,8 +195,8 @@ fn memory_cap(
     }
 }
 
-/// A pod with a cap: the limit variable in every container without one of its own, and (file
-/// delivery) each such container's limits file, with the per-node keys in the preloaded
+/// A pod with a cap: the limit variable in every preloaded container without one of its own, and
+/// (file delivery) each such container's limits file, with the per-node keys in the preloaded
 /// containers of a `gpu-fraction` pod.
 fn deliver_capped(
     m: &mut PodMutation<'_, '_>,
@@ -206,7 +207,7 @@ fn deliver_capped(
     delivery: LimitDelivery,
     kai_cm: Option<(ContainerRef, &str)>,
 ) -> Result<(), Denial> {
-    let (limit, limited) = inject::memory_limit(m, limit_mib, kai_cm)?;
+    let (limit, limited) = inject::memory_limit(m, limit_mib, targets, kai_cm)?;
     let per_node = match (request, delivery) {
         (KaiRequest::Fraction(f), LimitDelivery::File) => per_node_keys(m, f, &kai.hook_path),
         _ => None,

@@ -132,6 +132,12 @@ pub struct KaiSettings {
     /// The most `values` in one expression, and over all of them. Default 10,000.
     #[serde(alias = "maxaffinityvalues")]
     pub max_affinity_values: usize,
+    /// The namespace where KAI's binder creates its GPU reservation pods (`gpu-reservation-*`,
+    /// `nvidia.com/gpu: 1`, `nodeName` preset). Pods there are KAI's own and are never changed:
+    /// KAI's binding must not depend on this webhook. Empty: none. Default
+    /// `kai-resource-reservation`; env `HAMI_KAI__RESERVATIONNAMESPACE`.
+    #[serde(alias = "reservationnamespace")]
+    pub reservation_namespace: String,
 }
 
 impl KaiSettings {
@@ -160,6 +166,7 @@ impl Default for KaiSettings {
             max_affinity_terms: 64,
             max_affinity_expressions: 256,
             max_affinity_values: 10_000,
+            reservation_namespace: hami_shared::names::KAI_RESERVATION_NAMESPACE.to_owned(),
         }
     }
 }
