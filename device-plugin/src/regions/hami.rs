@@ -23,6 +23,14 @@ pub struct HamiFolders {
     pub pods: Arc<PodCache>,
 }
 
+impl HamiFolders {
+    /// The owner of the folder `name` (`<pod-uid>_<container>`) among the pods by UID.
+    #[must_use]
+    pub fn owner_of(name: &str, pods_by_uid: &BTreeMap<String, (String, String)>) -> Option<Owner> {
+        hami_owner(name, pods_by_uid)
+    }
+}
+
 impl FolderSource for HamiFolders {
     fn folders(&self) -> io::Result<Vec<Folder>> {
         let dirs = match container_dirs(&self.containers_dir) {

@@ -24,6 +24,9 @@ pub mod observe;
 pub mod podresources;
 pub mod slots;
 
+#[cfg(test)]
+mod tests;
+
 pub use export::{
     ExportSettings, Folder, FolderSource, LimitsAt, PidView, RegionExporter, ScanBound,
 };

@@ -535,6 +535,45 @@ mod tests {
     }
 
     #[test]
+    fn each_container_gets_its_lowest_slots_region_folder_read_write() {
+        let regions = Path::new("/usr/local/regions");
+        let response = allocate_response(
+            &hook(true),
+            16,
+            Some(regions),
+            &request(&[&["preload-0"], &["preload-10", "preload-9"]]),
+        )
+        .unwrap();
+        let region_mounts: Vec<(&str, &str, bool)> = response
+            .container_responses
+            .iter()
+            .map(|c| {
+                let m = c.mounts.last().unwrap();
+                (m.container_path.as_str(), m.host_path.as_str(), m.read_only)
+            })
+            .collect();
+        assert_eq!(
+            region_mounts,
+            [
+                (
+                    "/var/lib/hami-limits/region",
+                    "/usr/local/regions/preload-0",
+                    false
+                ),
+                (
+                    "/var/lib/hami-limits/region",
+                    "/usr/local/regions/preload-9",
+                    false
+                ),
+            ]
+        );
+        // Every other mount stays read-only.
+        for c in &response.container_responses {
+            assert_eq!(c.mounts.iter().filter(|m| !m.read_only).count(), 1);
+        }
+    }
+
+    #[test]
     fn ids_not_ours_are_refused_by_name() {
         let e = allocate_response(
             &hook(true),
