@@ -102,7 +102,7 @@ fn start_region_exporter(
         pods: Arc::clone(pods),
     });
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let exporter = RegionExporter::new(source, settings, Some(tx));
+    let exporter = RegionExporter::new(&ctx.node_name, source, settings, Some(tx));
     ctx.metrics.set_regions(exporter.registry());
     tokio::spawn(events::publish(
         crate::node_register::recorder(client.clone(), &ctx.node_name),

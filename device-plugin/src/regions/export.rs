@@ -153,6 +153,8 @@ pub struct RegionExporter {
     /// Held while a scan reads: a second scan (a scrape during a timer scan) does not start.
     scanning: Mutex<()>,
     events: Option<mpsc::UnboundedSender<CapEvent>>,
+    /// The `node` label.
+    node: String,
 }
 
 impl std::fmt::Debug for RegionExporter {
@@ -192,13 +194,15 @@ fn read_folder(folder: &Folder) -> FolderRead {
 }
 
 impl RegionExporter {
-    /// An exporter over `source`; Events go to `events` (none: logged only).
+    /// An exporter of `node`'s folders from `source`; Events go to `events` (none: logged only).
     pub fn new(
+        node: &str,
         source: Arc<dyn FolderSource>,
         settings: ExportSettings,
         events: Option<mpsc::UnboundedSender<CapEvent>>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            node: node.to_owned(),
             source,
             settings,
             state: Mutex::new(State::default()),
@@ -383,11 +387,15 @@ pub struct RegionCollector(pub Arc<RegionExporter>);
 
 type Labels = Vec<(&'static str, String)>;
 
-fn owner_labels(o: &Owner) -> Labels {
+/// The labels naming a container: HAMi's vGPU monitor's names (`podnamespace`, `podname`,
+/// `ctrname`), which a scrape's own `namespace`, `pod` and `container` target labels do not
+/// rename, and the node.
+fn owner_labels(node: &str, o: &Owner) -> Labels {
     vec![
-        ("namespace", o.namespace.clone()),
-        ("pod", o.pod.clone()),
-        ("container", o.container.clone()),
+        ("node", node.to_owned()),
+        ("podnamespace", o.namespace.clone()),
+        ("podname", o.pod.clone()),
+        ("ctrname", o.container.clone()),
     ]
 }
 
@@ -434,10 +442,10 @@ pub struct Rows {
 /// The rows of every sample: per container and GPU (`gpu` empty for a container without a
 /// readable region: `no-region`, `unreadable`).
 #[must_use]
-pub fn rows(samples: &[ContainerSample]) -> Rows {
+pub fn rows(node: &str, samples: &[ContainerSample]) -> Rows {
     let mut rows = Rows::default();
     for s in samples {
-        let base = owner_labels(&s.owner);
+        let base = owner_labels(node, &s.owner);
         let verdict_row = |gpu: Option<usize>, v: Verdict| {
             let mut l = with_gpu(base.clone(), gpu);
             l.push(("verdict", v.as_str().to_owned()));
@@ -467,7 +475,7 @@ impl Collector for RegionCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         self.0.scan_for_scrape();
         let samples = self.0.samples();
-        let r = rows(&samples);
+        let r = rows(&self.0.node, &samples);
         let e = &mut encoder;
         gauge_family(
             e,

@@ -14,7 +14,9 @@
 //! `stamped_limit_bytes`, `file_limit_bytes`, `used_bytes`, `processes`,
 //! `stamped_sm_limit_percent` (one `cap_verdict` only for a container without a readable region),
 //! plus four node series; the containers are the node's GPU containers, so a node exports at most
-//! 6 × containers × GPUs + 4 series. No label value comes from a file a tenant writes but the GPU
+//! 6 × containers × GPUs + 4 series. Labels: `node`, `podnamespace`, `podname`, `ctrname` (HAMi's
+//! vGPU monitor's names: a scrape's own `namespace`/`pod`/`container` would rename ours), `gpu`,
+//! and `verdict` on `cap_verdict`. No label value comes from a file a tenant writes but the GPU
 //! index (0 to 15).
 
 pub mod events;

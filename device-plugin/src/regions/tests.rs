@@ -143,7 +143,7 @@ fn rows_per_container_and_gpu_labels_from_owners_only() {
         &unknown,
         &BTreeSet::new(),
     );
-    let r = rows(&o.containers);
+    let r = rows("gpu-1", &o.containers);
     let label = |l: &[(&str, String)]| {
         l.iter()
             .map(|(k, v)| format!("{k}={v}"))
@@ -154,8 +154,8 @@ fn rows_per_container_and_gpu_labels_from_owners_only() {
     assert_eq!(
         verdicts,
         [
-            "namespace=team,pod=train,container=main,gpu=0,verdict=capped",
-            "namespace=team,pod=idle,container=side,gpu=,verdict=no-region",
+            "node=gpu-1,podnamespace=team,podname=train,ctrname=main,gpu=0,verdict=capped",
+            "node=gpu-1,podnamespace=team,podname=idle,ctrname=side,gpu=,verdict=no-region",
         ]
     );
     assert_eq!(r.stamped[0].1, 3000 * MIB);
@@ -294,7 +294,7 @@ fn hami_node_scan_exports_and_refuses_links_fifos_and_huge_files() {
         pods: Arc::clone(&cache),
     });
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let exporter = RegionExporter::new(source, ExportSettings::default(), Some(tx));
+    let exporter = RegionExporter::new("gpu-1", source, ExportSettings::default(), Some(tx));
     let started = Instant::now();
     let report = exporter.scan(None).unwrap();
     assert!(
@@ -329,14 +329,14 @@ fn hami_node_scan_exports_and_refuses_links_fifos_and_huge_files() {
     assert!(rx.try_recv().is_err());
     let text = encode(&exporter);
     for line in [
-        "hami_limits_region_cap_verdict{namespace=\"team\",pod=\"train\",container=\"side\",gpu=\"0\",verdict=\"uncapped\"} 1",
-        "hami_limits_region_cap_verdict{namespace=\"team\",pod=\"train\",container=\"main\",gpu=\"0\",verdict=\"capped\"} 1",
-        "hami_limits_region_cap_verdict{namespace=\"team\",pod=\"hostile\",container=\"link\",gpu=\"\",verdict=\"unreadable\"} 1",
-        "hami_limits_region_stamped_limit_bytes{namespace=\"team\",pod=\"train\",container=\"main\",gpu=\"0\"} 3145728000",
-        "hami_limits_region_file_limit_bytes{namespace=\"team\",pod=\"train\",container=\"side\",gpu=\"0\"} 3145728000",
-        "hami_limits_region_stamped_limit_bytes{namespace=\"team\",pod=\"train\",container=\"side\",gpu=\"0\"} 0",
-        "hami_limits_region_used_bytes{namespace=\"team\",pod=\"train\",container=\"main\",gpu=\"0\"} 1048576",
-        "hami_limits_region_processes{namespace=\"team\",pod=\"train\",container=\"main\",gpu=\"0\"} 1",
+        "hami_limits_region_cap_verdict{node=\"gpu-1\",podnamespace=\"team\",podname=\"train\",ctrname=\"side\",gpu=\"0\",verdict=\"uncapped\"} 1",
+        "hami_limits_region_cap_verdict{node=\"gpu-1\",podnamespace=\"team\",podname=\"train\",ctrname=\"main\",gpu=\"0\",verdict=\"capped\"} 1",
+        "hami_limits_region_cap_verdict{node=\"gpu-1\",podnamespace=\"team\",podname=\"hostile\",ctrname=\"link\",gpu=\"\",verdict=\"unreadable\"} 1",
+        "hami_limits_region_stamped_limit_bytes{node=\"gpu-1\",podnamespace=\"team\",podname=\"train\",ctrname=\"main\",gpu=\"0\"} 3145728000",
+        "hami_limits_region_file_limit_bytes{node=\"gpu-1\",podnamespace=\"team\",podname=\"train\",ctrname=\"side\",gpu=\"0\"} 3145728000",
+        "hami_limits_region_stamped_limit_bytes{node=\"gpu-1\",podnamespace=\"team\",podname=\"train\",ctrname=\"side\",gpu=\"0\"} 0",
+        "hami_limits_region_used_bytes{node=\"gpu-1\",podnamespace=\"team\",podname=\"train\",ctrname=\"main\",gpu=\"0\"} 1048576",
+        "hami_limits_region_processes{node=\"gpu-1\",podnamespace=\"team\",podname=\"train\",ctrname=\"main\",gpu=\"0\"} 1",
         "hami_limits_region_unowned_folders 0",
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
@@ -350,7 +350,7 @@ fn hami_node_scan_exports_and_refuses_links_fifos_and_huge_files() {
     cache.delete(&pod(UID_A, "train"));
     exporter.scan(None).unwrap();
     let text = encode(&exporter);
-    assert!(!text.contains("pod=\"train\""), "{text}");
+    assert!(!text.contains("podname=\"train\""), "{text}");
     assert!(
         text.contains("hami_limits_region_unowned_folders 2"),
         "{text}"
@@ -371,7 +371,7 @@ fn bounded_scans_continue_where_the_last_stopped() {
         containers_dir: dir.to_path_buf(),
         pods: synced_cache(&pods),
     });
-    let exporter = RegionExporter::new(source, ExportSettings::default(), None);
+    let exporter = RegionExporter::new("gpu-1", source, ExportSettings::default(), None);
     let bound = Some(ScanBound {
         files: 2,
         budget: Duration::from_secs(60),

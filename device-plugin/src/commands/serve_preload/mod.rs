@@ -194,7 +194,8 @@ async fn start_exporter(
         ));
         tx
     });
-    let exporter = RegionExporter::new(slots.clone(), settings, events);
+    let node = args.node_name.clone().unwrap_or_default();
+    let exporter = RegionExporter::new(&node, slots.clone(), settings, events);
     let until = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|s| *s).await;
     };
