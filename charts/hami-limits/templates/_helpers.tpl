@@ -392,7 +392,7 @@ The region exporter's flags (regionExport), for `run` and `serve-preload` alike.
 - --region-scrape-budget-ms={{ $r.scrapeBudgetMs | int64 }}
 {{- end -}}
 
-{{/* kubelet's pod resources folder: beside the device-plugin folder, under kubelet's root. */}}
+{{/* kubelet's pod resources folder (hookInstaller.podResourcesDir), without a trailing slash. */}}
 {{- define "hami-limits.podResourcesDir" -}}
-{{ dir (trimSuffix "/" .Values.devicePlugin.kubeletDir) }}/pod-resources
+{{ trimSuffix "/" .Values.hookInstaller.podResourcesDir }}
 {{- end -}}
