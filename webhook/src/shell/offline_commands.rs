@@ -45,8 +45,9 @@ pub enum MutateOutput {
     Patch,
 }
 
-/// `hami-webhook mutate`: a Pod (YAML or JSON) in; the mutated pod (or the patch) on stdout, the
-/// warnings or the denial on stderr; exit 1 when denied, 2 when the input is not a pod.
+/// `hami-webhook mutate`: a Pod (YAML or JSON, one document: [`pod_manifest::read`]) in; the
+/// mutated pod (or the patch) on stdout, the warnings or the denial on stderr; exit 1 when denied,
+/// 2 when the input is not a pod.
 #[must_use]
 pub fn mutate_command(
     input: &[u8],
@@ -69,6 +70,7 @@ pub fn mutate_command(
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
+    // Where the API server would fill in the request's namespace, kubectl's default.
     let namespace = pod
         .metadata
         .namespace
