@@ -454,7 +454,10 @@ mod tests {
         let s = &list.settings;
         let ours: Vec<(&str, String)> = vec![
             ("MIG_STRATEGY", args.source.mig_strategy.to_string()),
-            ("FAIL_ON_INIT_ERROR", args.gpu.fail_on_init_error.to_string()),
+            (
+                "FAIL_ON_INIT_ERROR",
+                args.gpu.fail_on_init_error.to_string(),
+            ),
             // NVIDIA_DEV_ROOT defaults to the driver root, "/".
             ("NVIDIA_DEV_ROOT", s.dev_root.clone()),
             ("PASS_DEVICE_SPECS", s.pass_device_specs.to_string()),
@@ -476,7 +479,10 @@ mod tests {
             ("DRIVER_ROOT_CTR_PATH", list.container_driver_root.clone()),
             ("IMEX_CHANNEL_IDS", format!("{:?}", list.imex.ids)),
             ("IMEX_REQUIRED", list.imex.required.to_string()),
-            ("ENABLE_TOPOLOGY_SCORE", args.source.topology_score.to_string()),
+            (
+                "ENABLE_TOPOLOGY_SCORE",
+                args.source.topology_score.to_string(),
+            ),
             (
                 "DP_DISABLE_HEALTHCHECKS",
                 format!("{:?}", args.gpu.disable_healthchecks),

@@ -41,7 +41,14 @@ fn scripts_find_built_files_in_cargos_target_folder() {
     )];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
-    for dir in ["scripts", "tests/cluster", "tests/gpu", "bench", "examples", ".ci"] {
+    for dir in [
+        "scripts",
+        "tests/cluster",
+        "tests/gpu",
+        "bench",
+        "examples",
+        ".ci",
+    ] {
         collect_scripts(&root.join(dir), &mut files);
     }
     assert!(
@@ -80,8 +87,12 @@ fn scripts_find_built_files_in_cargos_target_folder() {
     assert!(hard_coded_target("BIN=$ROOT/target/release/hami-webhook"));
     assert!(hard_coded_target("artifact=\"target/$t/preload/x.so\""));
     assert!(hard_coded_target("os.path.join(ROOT, 'target/release')"));
-    assert!(!hard_coded_target("artifact=\"$(scripts/target-dir)/$target/preload/x.so\""));
-    assert!(!hard_coded_target("cargo build --target-dir \"$dir\" <target>/fuzz"));
+    assert!(!hard_coded_target(
+        "artifact=\"$(scripts/target-dir)/$target/preload/x.so\""
+    ));
+    assert!(!hard_coded_target(
+        "cargo build --target-dir \"$dir\" <target>/fuzz"
+    ));
 }
 
 /// `target/` starting a path: at the start of the line or after a character that cannot end a
