@@ -29,8 +29,8 @@ fn images_follow_the_dockerfile() {
 /// targets) finds it where `cargo build` put it: `scripts/target-dir` (cargo's own answer:
 /// `CARGO_TARGET_DIR`, `CARGO_BUILD_TARGET_DIR`, a cargo config, else `target/`), never a
 /// hard-coded `target/`, which a build with `CARGO_TARGET_DIR` set (as `scripts/cluster`'s honours)
-/// leaves stale or empty. A path of the form `<x>target/` only counts when `target/` starts a path
-/// (`$target/`, `<target>/`, `--target-dir` are other things).
+/// leaves stale or empty. `target/` counts only where it starts a path (`$target/`, `<target>/`
+/// and `--target-dir` are other things).
 #[test]
 fn scripts_find_built_files_in_cargos_target_folder() {
     /// The one line allowed: the Dockerfile's build stage runs cargo inside the image build, in its
