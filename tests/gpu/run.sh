@@ -483,7 +483,7 @@ sm_series() { # NAME MODE
   for i in $(seq 1 "$sm_runs"); do
     case "$mode" in
       entry) # shellcheck disable=SC2086
-        in_ctr root env -i $hami_env LIBCUDA_LOG_LEVEL=4 "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
+        IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i $hami_env LIBCUDA_LOG_LEVEL=4 "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
       *) IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
     esac
     line=$(sm_once); ms=${line%%|*}
