@@ -24,6 +24,7 @@ pub mod export;
 pub mod hami;
 pub mod observe;
 pub mod podresources;
+pub mod slot_id;
 pub mod slots;
 
 #[cfg(test)]

@@ -57,11 +57,7 @@ pub fn slot_owners(
     owners
 }
 
-/// Slot IDs in numeric order (`preload-2` before `preload-10`).
-#[must_use]
-pub fn slot_order(a: &str, b: &str) -> std::cmp::Ordering {
-    (a.len(), a).cmp(&(b.len(), b))
-}
+use super::slot_id::slot_order;
 
 /// `List` on kubelet's socket, within `timeout`.
 ///

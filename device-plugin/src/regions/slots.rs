@@ -23,10 +23,10 @@ use hami_shared::region::read_limits_bytes;
 use super::export::{Folder, FolderSource, LimitsAt};
 use super::observe::Owner;
 use super::podresources;
+use super::slot_id::is_slot;
 use crate::allocation::executor::no_follow::{
     NoFollowError, create_dir_at, create_new_file_at, open_dir, own_and_chmod, remove_entry_at,
 };
-use crate::commands::serve_preload::plugin::is_slot;
 
 /// Mode of `<HOOK>/regions` and of each slot folder: root's; containers cannot add entries.
 pub const FOLDER_MODE: u32 = 0o755;
@@ -231,7 +231,7 @@ impl FolderSource for SlotFolders {
                 name,
             });
         }
-        folders.sort_by(|a, b| podresources::slot_order(&a.name, &b.name));
+        folders.sort_by(|a, b| super::slot_id::slot_order(&a.name, &b.name));
         Ok(folders)
     }
 

@@ -499,7 +499,7 @@ fn slot_owners_from_pod_resources() {
         ("bogus", "main", &[("hami.io/preload", &["preload-99999"])]),
     ]);
     let owners = slot_owners(&answer, "hami.io/preload", |id| {
-        crate::commands::serve_preload::plugin::is_slot(id, 1024)
+        super::slot_id::is_slot(id, 1024)
     });
     let got: Vec<(&str, &str)> = owners
         .iter()

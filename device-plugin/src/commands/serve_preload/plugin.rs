@@ -36,8 +36,7 @@ use crate::commands::install_hook::ld_so_preload_contents;
 use crate::kubelet::api::{self, v1beta1};
 use crate::kubelet::plugin::ServedPlugin;
 
-/// Prefix of the slot device IDs (`preload-0`, `preload-1`, …).
-pub const SLOT_PREFIX: &str = "preload-";
+pub use crate::regions::slot_id::{SLOT_PREFIX, is_slot};
 /// Default number of slots a node advertises: more containers than kubelet's default of 110
 /// pods will hold.
 pub const DEFAULT_SLOTS: u32 = 1024;
@@ -203,20 +202,6 @@ pub fn slot_devices(slots: u32) -> Vec<v1beta1::Device> {
         .collect()
 }
 
-/// Whether `id` is one of the `slots` advertised (`preload-<n>`, `n` written without a leading
-/// zero).
-#[must_use]
-pub fn is_slot(id: &str, slots: u32) -> bool {
-    id.strip_prefix(SLOT_PREFIX)
-        .filter(|n| {
-            !n.is_empty()
-                && n.bytes().all(|b| b.is_ascii_digit())
-                && (*n == "0" || !n.starts_with('0'))
-        })
-        .and_then(|n| n.parse::<u32>().ok())
-        .is_some_and(|n| n < slots)
-}
-
 /// The read-only mounts a container gets: the libraries and `node-gpus` (when published) at their
 /// own paths, and the preload list at `/etc/ld.so.preload`.
 #[must_use]
@@ -247,7 +232,7 @@ pub fn region_slot(devices_ids: &[String]) -> Option<&str> {
     devices_ids
         .iter()
         .map(String::as_str)
-        .min_by(|a, b| crate::regions::podresources::slot_order(a, b))
+        .min_by(|a, b| crate::regions::slot_id::slot_order(a, b))
 }
 
 /// The read-write mount of a slot's region folder (`<regions>/<slot>`) at
