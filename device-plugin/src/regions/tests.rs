@@ -561,3 +561,65 @@ fn layouts_both_read_by_the_exporter() {
         );
     }
 }
+
+/// A source whose listing blocks until released: a scan in progress.
+struct Blocking {
+    entered: std::sync::mpsc::SyncSender<()>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl FolderSource for Blocking {
+    fn folders(&self) -> std::io::Result<Vec<Folder>> {
+        let _ = self.entered.send(());
+        let _ = self.release.lock().unwrap().recv();
+        Ok(Vec::new())
+    }
+
+    fn owners(&self) -> BTreeMap<String, Owner> {
+        BTreeMap::new()
+    }
+}
+
+#[test]
+fn a_scrape_never_waits_on_a_running_scan_and_skips_fresh_samples() {
+    let (entered_tx, entered) = std::sync::mpsc::sync_channel(1);
+    let (release, release_rx) = std::sync::mpsc::channel();
+    let exporter = RegionExporter::new(
+        "gpu-1",
+        Arc::new(Blocking {
+            entered: entered_tx,
+            release: std::sync::Mutex::new(release_rx),
+        }),
+        ExportSettings::default(),
+        None,
+    );
+    let timer = {
+        let e = Arc::clone(&exporter);
+        std::thread::spawn(move || e.scan(None))
+    };
+    entered.recv().unwrap();
+    // While the timer's scan reads, a scrape's scan returns at once, and the exposition answers.
+    let started = Instant::now();
+    assert_eq!(
+        exporter.scan(Some(ScanBound {
+            files: 1,
+            budget: Duration::from_secs(60)
+        })),
+        None
+    );
+    let text = encode(&exporter);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(
+        text.contains("hami_limits_region_last_scan_timestamp_seconds 0"),
+        "{text}"
+    );
+    release.send(()).unwrap();
+    assert!(timer.join().unwrap().is_some());
+    // Fresh samples (younger than scrape_min_age): a scrape does not scan again (were it to, the
+    // spare release keeps it from blocking, and `entered` tells).
+    release.send(()).unwrap();
+    let before = encode(&exporter);
+    exporter.scan_for_scrape();
+    assert!(entered.try_recv().is_err(), "a fresh scrape scanned");
+    assert!(before.contains("hami_limits_region_truncated_scans_total 0"));
+}
