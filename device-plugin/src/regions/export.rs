@@ -56,9 +56,9 @@ pub trait FolderSource: Send + Sync {
     /// # Errors
     /// The folder holding them cannot be listed.
     fn folders(&self) -> io::Result<Vec<Folder>>;
-    /// Folder name → owner, as the node knows its pods now. A folder absent from it is not
-    /// exported.
-    fn owners(&self) -> BTreeMap<String, Owner>;
+    /// Folder name → owner for `folders`, as the node knows its pods now. A folder absent from
+    /// it is not exported.
+    fn owners(&self, folders: &[Folder]) -> BTreeMap<String, Owner>;
     /// The node GPU file's UUID → MiB (KAI `gpu-fraction` caps); empty where there is none.
     fn node_gpu_mib(&self) -> BTreeMap<String, u64> {
         BTreeMap::new()
@@ -233,7 +233,7 @@ impl RegionExporter {
                 return Some(ScanReport::default());
             }
         };
-        let owners = self.source.owners();
+        let owners = self.source.owners(&folders);
         let start = if bound.is_some() {
             self.state().cursor % folders.len().max(1)
         } else {

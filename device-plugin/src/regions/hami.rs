@@ -47,15 +47,13 @@ impl FolderSource for HamiFolders {
             .collect())
     }
 
-    fn owners(&self) -> BTreeMap<String, Owner> {
+    fn owners(&self, folders: &[Folder]) -> BTreeMap<String, Owner> {
         let Some(uids) = self.pods.uids() else {
             return BTreeMap::new();
         };
-        let Ok(dirs) = container_dirs(&self.containers_dir) else {
-            return BTreeMap::new();
-        };
-        dirs.into_iter()
-            .filter_map(|d| hami_owner(&d.name, &uids).map(|o| (d.name, o)))
+        folders
+            .iter()
+            .filter_map(|f| hami_owner(&f.name, &uids).map(|o| (f.name.clone(), o)))
             .collect()
     }
 }

@@ -235,7 +235,7 @@ impl FolderSource for SlotFolders {
         Ok(folders)
     }
 
-    fn owners(&self) -> BTreeMap<String, Owner> {
+    fn owners(&self, _folders: &[Folder]) -> BTreeMap<String, Owner> {
         let known = lock(&self.known);
         let allocated = lock(&self.allocated);
         known

@@ -406,8 +406,9 @@ fn an_unsynced_pod_cache_owns_nothing() {
         containers_dir: tmp.path().to_path_buf(),
         pods: PodCache::new(),
     };
-    assert!(source.owners().is_empty());
-    assert_eq!(source.folders().unwrap().len(), 1);
+    let folders = source.folders().unwrap();
+    assert_eq!(folders.len(), 1);
+    assert!(source.owners(&folders).is_empty());
     // A missing containers folder is an empty node, not an error.
     let none = HamiFolders {
         containers_dir: tmp.path().join("absent"),
@@ -526,7 +527,7 @@ fn a_slot_allocated_after_the_owners_were_read_is_not_owned_yet() {
     );
     std::thread::sleep(Duration::from_millis(2));
     slots.allocated("preload-0");
-    let owned: Vec<String> = slots.owners().into_keys().collect();
+    let owned: Vec<String> = slots.owners(&[]).into_keys().collect();
     assert_eq!(owned, ["preload-1"]);
     prepare_slot(&tmp.path().join("regions"), "preload-1").unwrap();
     std::fs::create_dir(tmp.path().join("regions/not-a-slot")).unwrap();
@@ -575,7 +576,7 @@ impl FolderSource for Blocking {
         Ok(Vec::new())
     }
 
-    fn owners(&self) -> BTreeMap<String, Owner> {
+    fn owners(&self, _folders: &[Folder]) -> BTreeMap<String, Owner> {
         BTreeMap::new()
     }
 }
