@@ -162,6 +162,14 @@ pub(super) fn verdicts_on_the_node(n: &mut Node) {
         "  KAI pod capped on /metrics after {:.1} s",
         took.as_secs_f64()
     );
+    // Compared with its limits file (the pod's annotation, read through the API server).
+    assert!(
+        last.contains(&format!(
+            "hami_limits_region_file_limit_bytes{{node=\"{NODE}\",podnamespace=\"{TENANT}\",podname=\"region-kai\",ctrname=\"cuda\",gpu=\"0\"}} {}",
+            3000u64 << 20
+        )),
+        "{last}"
+    );
 
     // One Warning Event on the uncapped pod.
     wait_for(
