@@ -437,7 +437,18 @@ PY
   fresh_ctr
   in_ctr nobody env -i "$work/probe" runtime 100 > "$work/case.out" 2>&1 || true
   region_read
-  rcheck "seeded by an env-less process under the preload library" capped "$(rq 'j["verdict"]["verdict"]')"
+  # HAMi-core leaves the slot of a process that exited until the next process's start clears it:
+  # the container is `stale` (its old usage still counted), with the file's limits stamped.
+  rcheck "seeded by an env-less process under the preload library, which then exited" "stale True" \
+    "$(rq 'j["verdict"]["verdict"] + " " + str(j["verdict"]["gpus"][0]["stamped_limit"] == j["verdict"]["gpus"][0]["file_limit"] and j["verdict"]["gpus"][0]["stamped_sm"] == j["verdict"]["gpus"][0]["file_sm"])')" \
+    "stamped $(rq 'j["verdict"]["gpus"][0]["stamped_limit"] >> 20') MiB / SM $(rq 'j["verdict"]["gpus"][0]["stamped_sm"]'); slots $(rq 'len(j["verdict"]["slots"])')"
+  in_ctr nobody env -i "$work/probe" runtime 100 30 > "$work/r-live.out" 2>&1 &
+  r_live=$!
+  wait_line "$work/r-live.out" || true
+  sleep 6
+  region_read
+  rcheck "a second process running (the first one's slot cleared)" capped "$(rq 'j["verdict"]["verdict"]')" "slots $(rq 'len(j["verdict"]["slots"])')"
+  kill "$r_live" 2>/dev/null || true; wait "$r_live" 2>/dev/null || true
   if [ -n "${HAMI_REGION_EXPORTER:-}" ]; then
     # The exporter's own text for the same folder (HAMI_REGION_EXPORTER: a command printing it).
     $HAMI_REGION_EXPORTER "$hook" > "$work/exporter.txt" 2>&1 || true
@@ -477,12 +488,16 @@ done
 base_ms=$(printf '%s\n' "${base[@]}" | sort -n | sed -n 2p)
 echo "SM: unthrottled runs ${base[*]} ms (median $base_ms)"
 sm_series() { # NAME MODE
-  local name=$1 mode=$2 i line ms thr n=0 runs=()
+  local name=$1 mode=$2 i line ms thr n=0 runs=() slots
   fresh_ctr
   if [ "$mode" = warm ]; then IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i "$work/probe" runtime 10 > /dev/null 2>&1 || true; fi
   for i in $(seq 1 "$sm_runs"); do
+    case "$mode" in fresh-*) fresh_ctr;; esac
+    # The slots in the region before this run (a process that exited leaves its slot).
+    slots=0
+    if [ -x "$bin/hami-limits" ]; then region_read; slots=$(rq 'len(j["verdict"]["slots"])' 2>/dev/null); fi
     case "$mode" in
-      entry) # shellcheck disable=SC2086
+      entry|fresh-entry) # shellcheck disable=SC2086
         IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i $hami_env LIBCUDA_LOG_LEVEL=4 "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
       *) IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
     esac
@@ -490,7 +505,7 @@ sm_series() { # NAME MODE
     thr=no
     python3 -c "import sys; sys.exit(0 if float('$ms') > 1.5 * float('$base_ms') else 1)" 2>/dev/null && thr=yes
     [ $thr = yes ] && n=$((n + 1))
-    runs+=("$i:${ms}ms/$thr/pid=$(cut -d'|' -f2 <<<"$line")/sw=$(cut -d'|' -f3 <<<"$line")")
+    runs+=("$i:${ms}ms/$thr/pid=$(cut -d'|' -f2 <<<"$line")/sw=$(cut -d'|' -f3 <<<"$line")/slots=$slots")
   done
   srows+=("| $name | $n of $sm_runs | ${runs[*]} |")
   echo "SM: $name: throttled $n of $sm_runs: ${runs[*]}"
@@ -499,6 +514,8 @@ echo "== SM limit 30: series of $sm_runs (unthrottled median $base_ms ms)"
 sm_series "entrypoint (HAMi's variables in its environment), fresh region" entry
 sm_series "env-less process under the preload library, fresh region" envless
 sm_series "env-less process under the preload library, region initialised by a warm-up process" warm
+sm_series "entrypoint, a fresh region for every run" fresh-entry
+sm_series "env-less process under the preload library, a fresh region for every run" fresh-envless
 
 # --- per-exec cost: a plain exec, an empty library, ours, libvgpu.so alone, both --------------
 echo "== per-exec cost (bench/preload/run.sh)"
@@ -539,7 +556,7 @@ LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   echo
   echo "### SM limit 30: when HAMi-core throttles"
   echo
-  echo "Busy kernel, ${sm_args[0]} launches; unthrottled runs (no SM limit): ${base[*]} ms; throttled = over 1.5 x $base_ms ms. Per run: time / throttled / host PID found (no \`SET_TASK_PID FAILED\`) / the utilization switch HAMi-core's watcher read (- = its watcher logged none)."
+  echo "Busy kernel, ${sm_args[0]} launches; unthrottled runs (no SM limit): ${base[*]} ms; throttled = over 1.5 x $base_ms ms. Per run: time / throttled / host PID found (no \`SET_TASK_PID FAILED\`) / the utilization switch HAMi-core's watcher read (- = its watcher logged none) / the slots in the region before the run (\`hami-limits region\`)."
   echo
   echo "| series | throttled | runs |"
   echo "|---|---|---|"
