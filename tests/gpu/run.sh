@@ -21,6 +21,7 @@
 #   BENCH_RUNS, BENCH_N  rounds and execs per round of the per-exec cost (default 5 and 2000)
 #   SM_RUNS              runs per SM-limit series (default 12)
 #   HAMI_REGION_EXPORTER a command printing the exporter's metrics for a hook path (optional)
+#   HAMI_GPU_SECTIONS    the sections to run: cases,folder,regions,sm,bench (default all)
 #
 # Needs root, nvidia-smi, nvcc (for the probe), cc, unshare, mount, mknod and python3.
 # Nothing global is left changed but /tmp/vgpulock, which plan --write makes as the plugin does
@@ -39,7 +40,7 @@ while [ $# -gt 0 ]; do
     --hami-core-lib) hami_lib=$2; shift 2;;
     --hook) hook=$2; shift 2;;
     --report) report=$2; shift 2;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 64;;
   esac
 done
@@ -198,6 +199,8 @@ with_files() {
 #   VIA: ld.so.preload (LIST at /etc/ld.so.preload) | LD_PRELOAD (LIST's libraries in LD_PRELOAD).
 rows=()
 failures=0
+# HAMI_GPU_SECTIONS: a comma-separated subset of cases,folder,regions,sm,bench (default all).
+want() { case ",${HAMI_GPU_SECTIONS:-all}," in *,all,*|*",$1,"*) return 0;; esac; return 1; }
 run_case() {
   local name=$1 file=$2 list=$3 via=$4 expect=$5 api=$6 mib=$7; shift 7
   local vars=("$@") extra=()
@@ -218,6 +221,8 @@ run_case() {
 full="$vgpu/ld.so.preload"
 hami_only="$work/ld.so.preload.hami-only"
 spoof=(CUDA_DEVICE_MEMORY_LIMIT_0=16g CUDA_DEVICE_MEMORY_LIMIT=16g)
+largest=- smi=- base=() base_ms=- sm_args=(1500 1000000)
+if want cases; then
 echo "== cases (GPU 0: $vram MiB)"
 for api in runtime driver; do
   run_case "HAMi file, released HAMi-core alone" "$hami_file" "$hami_only" ld.so.preload granted $api 4096
@@ -254,6 +259,7 @@ smi_bin=$(command -v nvidia-smi)
 with_files "$hami_file" "$full" env -i "$smi_bin" --query-gpu=memory.used,memory.total --format=csv,noheader -i 0 > "$work/case.out" 2>/dev/null || true
 smi=$(grep MiB "$work/case.out" | tail -n 1)
 rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
+fi
 
 # --- the per-container folder, as a container has it -----------------------------------------
 # plan --write makes <hook>/vgpu/containers/<podUID>_<ctr> as Allocate does: root's 0755 with
@@ -308,6 +314,7 @@ fjoint() { # HOLDER ASKER MIB EXPECT: HOLDER holds 1000 MiB while ASKER asks MIB
   fprobe "$1 holds 1000 MiB ($(probe_line "$work/hold.out" | cut -d' ' -f1,3)); meanwhile" "$2" "$4" runtime "$3"
   wait "$holder" 2>/dev/null || true
 }
+if want folder; then
 echo "== the per-container folder (root's 0755, usage.cache pre-created), root and nobody"
 fresh_ctr
 fcheck "the folder (uid mode type)" - "0 755 directory" "$(stat -c '%u %a %F' "$ctr_dir")"
@@ -344,6 +351,7 @@ fcheck "nobody: ln -sf usage.cache, rm usage.cache, create new.cache" nobody \
 # Old HAMi-core (before 2026-02) opens /tmp/vgpulock/lock O_CREAT|O_RDWR and flocks it, as any UID.
 lockres=$(in_ctr nobody python3 -c "import os, fcntl; fd = os.open('/tmp/vgpulock/lock', os.O_CREAT | os.O_RDWR, 0o666); fcntl.flock(fd, fcntl.LOCK_EX); print('locked')" 2>&1 | tail -n 1 || true)
 fcheck "nobody: open /tmp/vgpulock/lock O_CREAT + O_RDWR, flock" nobody locked "$lockres"
+fi
 
 
 # --- the shared region, read back (hami-limits region: the reader the exporters use) ----------
@@ -371,7 +379,9 @@ except Exception as e:
 }
 wait_line() { local i; for i in $(seq 1 160); do grep -qE '^(granted|refused|error) ' "$1" && return 0; sleep 0.25; done; return 1; }
 hami_env=$(grep -v '^HAMI_' "$hami_file" | tr '\n' ' ')
-if [ -x "$bin/hami-limits" ]; then
+if ! want regions; then
+  :
+elif [ -x "$bin/hami-limits" ]; then
   echo "== the shared region, read back"
   "$bin/hami-limits" region --layout > "$work/layout.json"
   fresh_ctr
@@ -437,7 +447,18 @@ PY
   fresh_ctr
   in_ctr nobody env -i "$work/probe" runtime 100 > "$work/case.out" 2>&1 || true
   region_read
-  rcheck "seeded by an env-less process under the preload library" capped "$(rq 'j["verdict"]["verdict"]')"
+  # HAMi-core leaves the slot of a process that exited until the next process's start clears it:
+  # the container is `stale` (its old usage still counted), with the file's limits stamped.
+  rcheck "seeded by an env-less process under the preload library, which then exited" "stale True" \
+    "$(rq 'j["verdict"]["verdict"] + " " + str(j["verdict"]["gpus"][0]["stamped_limit"] == j["verdict"]["gpus"][0]["file_limit"] and j["verdict"]["gpus"][0]["stamped_sm"] == j["verdict"]["gpus"][0]["file_sm"])')" \
+    "stamped $(rq 'j["verdict"]["gpus"][0]["stamped_limit"] >> 20') MiB / SM $(rq 'j["verdict"]["gpus"][0]["stamped_sm"]'); slots $(rq 'len(j["verdict"]["slots"])')"
+  in_ctr nobody env -i "$work/probe" runtime 100 30 > "$work/r-live.out" 2>&1 &
+  r_live=$!
+  wait_line "$work/r-live.out" || true
+  sleep 6
+  region_read
+  rcheck "a second process running (the first one's slot cleared)" capped "$(rq 'j["verdict"]["verdict"]')" "slots $(rq 'len(j["verdict"]["slots"])')"
+  kill "$r_live" 2>/dev/null || true; wait "$r_live" 2>/dev/null || true
   if [ -n "${HAMI_REGION_EXPORTER:-}" ]; then
     # The exporter's own text for the same folder (HAMI_REGION_EXPORTER: a command printing it).
     $HAMI_REGION_EXPORTER "$hook" > "$work/exporter.txt" 2>&1 || true
@@ -449,6 +470,7 @@ else
   failures=$((failures + 1))
 fi
 
+if want sm; then
 # --- the SM limit: when does HAMi-core's compute limiter engage? ----------------------------
 # Series of SM_RUNS runs of a busy kernel (1,500 launches) under the HAMi file's SM limit (30),
 # each series from a fresh region: the entrypoint (HAMi's variables), an env-less process under the
@@ -477,12 +499,16 @@ done
 base_ms=$(printf '%s\n' "${base[@]}" | sort -n | sed -n 2p)
 echo "SM: unthrottled runs ${base[*]} ms (median $base_ms)"
 sm_series() { # NAME MODE
-  local name=$1 mode=$2 i line ms thr n=0 runs=()
+  local name=$1 mode=$2 i line ms thr n=0 runs=() slots
   fresh_ctr
   if [ "$mode" = warm ]; then IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i "$work/probe" runtime 10 > /dev/null 2>&1 || true; fi
   for i in $(seq 1 "$sm_runs"); do
+    case "$mode" in fresh-*) fresh_ctr;; esac
+    # The slots in the region before this run (a process that exited leaves its slot).
+    slots=0
+    if [ -x "$bin/hami-limits" ]; then region_read; slots=$(rq 'len(j["verdict"]["slots"])' 2>/dev/null); fi
     case "$mode" in
-      entry) # shellcheck disable=SC2086
+      entry|fresh-entry) # shellcheck disable=SC2086
         IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i $hami_env LIBCUDA_LOG_LEVEL=4 "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
       *) IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
     esac
@@ -490,7 +516,7 @@ sm_series() { # NAME MODE
     thr=no
     python3 -c "import sys; sys.exit(0 if float('$ms') > 1.5 * float('$base_ms') else 1)" 2>/dev/null && thr=yes
     [ $thr = yes ] && n=$((n + 1))
-    runs+=("$i:${ms}ms/$thr/pid=$(cut -d'|' -f2 <<<"$line")/sw=$(cut -d'|' -f3 <<<"$line")")
+    runs+=("$i:${ms}ms/$thr/pid=$(cut -d'|' -f2 <<<"$line")/sw=$(cut -d'|' -f3 <<<"$line")/slots=$slots")
   done
   srows+=("| $name | $n of $sm_runs | ${runs[*]} |")
   echo "SM: $name: throttled $n of $sm_runs: ${runs[*]}"
@@ -499,13 +525,18 @@ echo "== SM limit 30: series of $sm_runs (unthrottled median $base_ms ms)"
 sm_series "entrypoint (HAMi's variables in its environment), fresh region" entry
 sm_series "env-less process under the preload library, fresh region" envless
 sm_series "env-less process under the preload library, region initialised by a warm-up process" warm
+sm_series "entrypoint, a fresh region for every run" fresh-entry
+sm_series "env-less process under the preload library, a fresh region for every run" fresh-envless
+fi
 
 # --- per-exec cost: a plain exec, an empty library, ours, libvgpu.so alone, both --------------
+if want bench; then
 echo "== per-exec cost (bench/preload/run.sh)"
 LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   LIB_BEFORE="${HAMI_PRELOAD_BEFORE:-}" RUNS="${BENCH_RUNS:-5}" N="${BENCH_N:-2000}" \
   "$repo/bench/preload/run.sh" > "$work/preload-bench.log" 2>&1 \
   || { tail -n 20 "$work/preload-bench.log" >&2; echo "(bench/preload/run.sh failed: see above)" > "$work/preload-bench.md"; failures=$((failures + 1)); }
+fi
 
 {
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified); hami-limits ${HAMI_LIMITS_REV:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
@@ -539,13 +570,13 @@ LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   echo
   echo "### SM limit 30: when HAMi-core throttles"
   echo
-  echo "Busy kernel, ${sm_args[0]} launches; unthrottled runs (no SM limit): ${base[*]} ms; throttled = over 1.5 x $base_ms ms. Per run: time / throttled / host PID found (no \`SET_TASK_PID FAILED\`) / the utilization switch HAMi-core's watcher read (- = its watcher logged none)."
+  echo "Busy kernel, ${sm_args[0]} launches; unthrottled runs (no SM limit): ${base[*]} ms; throttled = over 1.5 x $base_ms ms. Per run: time / throttled / host PID found (no \`SET_TASK_PID FAILED\`) / the utilization switch HAMi-core's watcher read (- = its watcher logged none) / the slots in the region before the run (\`hami-limits region\`)."
   echo
   echo "| series | throttled | runs |"
   echo "|---|---|---|"
   printf '%s\n' "${srows[@]}"
   echo
-  sed 's/^# /### /' "$work/preload-bench.md"
+  if [ -f "$work/preload-bench.md" ]; then sed 's/^# /### /' "$work/preload-bench.md"; fi
 } > "$work/report.md"
 echo; cat "$work/report.md"
 [ -z "$report" ] || cp "$work/report.md" "$report"
