@@ -334,6 +334,9 @@ pub struct RunArgs {
     /// GPU start-up and health (HAMi's names).
     #[command(flatten)]
     pub gpu: GpuRunArgs,
+    /// The exporter of the containers' shared regions.
+    #[command(flatten)]
+    pub regions: crate::regions::export::RegionArgs,
 }
 
 /// `run`'s GPU start-up and health flags, named as HAMi v2.10's `cmd/device-plugin/nvidia/main.go`

@@ -91,6 +91,9 @@ pub enum AppError {
     /// `--metrics-listen` is not an address, or cannot be bound.
     #[error("{0}")]
     MetricsListen(String),
+    /// A region exporter flag is not usable.
+    #[error("{0}")]
+    RegionExport(String),
     /// `plan` failed.
     #[error(transparent)]
     Plan(#[from] crate::commands::plan::DryRunError),
@@ -123,6 +126,7 @@ impl AppError {
             | Self::BadDuration { .. }
             | Self::Allocation(_)
             | Self::MetricsListen(_)
+            | Self::RegionExport(_)
             | Self::Plan(crate::commands::plan::DryRunError::Config(_)) => 2,
             Self::InstallHook(e) => e.exit_code(),
             Self::ServePreload(e) => e.exit_code(),
