@@ -103,6 +103,9 @@ pub enum AppError {
     /// `serve-preload` failed.
     #[error(transparent)]
     ServePreload(#[from] crate::commands::serve_preload::ServePreloadError),
+    /// `regions` failed.
+    #[error(transparent)]
+    Regions(#[from] crate::commands::regions::RegionsError),
     /// `ENABLE_TOPOLOGY_SCORE=true` but the links between GPUs cannot be read.
     #[error(
         "{}=true: cannot read how the GPUs are linked: {source}",
@@ -130,6 +133,7 @@ impl AppError {
             | Self::Plan(crate::commands::plan::DryRunError::Config(_)) => 2,
             Self::InstallHook(e) => e.exit_code(),
             Self::ServePreload(e) => e.exit_code(),
+            Self::Regions(e) => e.exit_code(),
             _ => 1,
         }
     }
