@@ -348,7 +348,7 @@ fn device_plugin_flags_and_environment() {
     let titles = [
         "Flags and environment",
         "Allocation flags (run)",
-        "Flags of plan, install-hook, serve-preload and inventory",
+        "Flags of plan, install-hook, serve-preload, inventory and regions",
     ];
     let tables: Vec<(&str, String)> = titles.iter().map(|t| (*t, sec(&doc, t))).collect();
     let mut extra = BTreeSet::from([
@@ -384,7 +384,7 @@ fn device_plugin_flags_and_environment() {
     problems.extend(check_command_line(
         "hami-device-plugin",
         &hami_device_plugin::cli::Cli::command(),
-        "device-plugin/src/cli.rs and the argument groups it flattens (commands/plan.rs `PlanArgs`, commands/install_hook `InstallHookArgs`, commands/serve_preload `ServePreloadArgs`)",
+        "device-plugin/src/cli.rs and the argument groups it flattens (commands/plan.rs `PlanArgs`, commands/install_hook `InstallHookArgs`, commands/serve_preload `ServePreloadArgs`, commands/regions `RegionsArgs`)",
         &tables,
         &extra,
         Some(1),
