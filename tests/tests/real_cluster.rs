@@ -1305,7 +1305,7 @@ fn missing_basis_denied_by_default_and_the_opt_out_warns(c: &mut Cluster) {
     println!("gpu-fraction pod with a basis: limits file {file:?}");
     assert_eq!(
         file,
-        "CUDA_DEVICE_MEMORY_LIMIT=35942m\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
+        "CUDA_DEVICE_MEMORY_LIMIT=35942m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/var/lib/hami-limits/region/usage.cache\nHAMI_GPU_FRACTION=0.25\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
     );
     assert_eq!(hami_limits_check(file), (Some(0), String::new()));
 
