@@ -29,6 +29,9 @@ use std::process::{Child, Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use hami_tests::real::{Case, listed, repo, rfc3339, run_cases, text, wait_for};
+
+#[path = "real_cluster/peers.rs"]
+mod peers;
 use serde_json::{Value, json};
 
 const NS: &str = "hami-system";
@@ -655,7 +658,7 @@ fn kai_pod(name: &str, annotations: Value) -> Value {
         json!([{"name": "cuda", "image": "localhost/hami-limits/workload:test", "command": ["sleep", "infinity"]}]),
     );
     p["spec"]["schedulerName"] = json!("kai-scheduler");
-    p["metadata"]["labels"] = json!({"kai.scheduler/queue": "default"});
+    p["metadata"]["labels"] = json!({"kai.scheduler/queue": "default-queue"});
     p
 }
 
@@ -2776,6 +2779,18 @@ const CASES: &[Case<Cluster>] = &[
     (
         "reinvocation: a second webhook adds a GPU container, ours is called again",
         reinvocation_with_a_second_webhook,
+    ),
+    (
+        "beside KAI v0.17's admission: every fraction-pod shape, both orders, hamicore off and on",
+        peers::kai_fraction_pods_beside_kai_admission,
+    ),
+    (
+        "KAI's binder, reservation pod and UPDATEs go through with the webhook down",
+        peers::kai_binding_never_waits_for_the_webhook,
+    ),
+    (
+        "beside HAMi v2.10's webhook: one entry per variable in both orders",
+        peers::hami_pods_beside_hamis_webhook,
     ),
     (
         "KAI gpu-memory: stored pod equals hami-webhook mutate",

@@ -35,6 +35,8 @@ use serde_json::{Value, json};
 mod cdi;
 #[path = "real_node/hostile.rs"]
 mod hostile;
+#[path = "real_node/peers.rs"]
+mod peers;
 
 const NS: &str = "hami-limits";
 const PREFIX: &str = "hami-hami-limits";
@@ -224,7 +226,7 @@ fn hami_pod(name: &str, mib: u64, cores: u32) -> Value {
 fn kai_pod(name: &str, annotations: Value) -> Value {
     let mut p = workload_pod(name, annotations, json!({}), json!([]));
     p["spec"]["schedulerName"] = json!("kai-scheduler");
-    p["metadata"]["labels"] = json!({"kai.scheduler/queue": "default"});
+    p["metadata"]["labels"] = json!({"kai.scheduler/queue": "default-queue"});
     p
 }
 
@@ -1690,6 +1692,10 @@ const CASES: &[Case<Node>] = &[
     ),
     ("KAI gpu-memory pod capped inside", kai_gpu_memory_pod),
     ("KAI gpu-fraction pod capped inside", kai_gpu_fraction_pod),
+    (
+        "beside KAI v0.17's admission and binder: every shape, both orders, hamicore off and on, capped in every process",
+        peers::kai_pods_beside_kai_admission_and_binder,
+    ),
     (
         "KAI gpu-fraction pod sized to the card it sees on the node (admission basis 80 GiB, node file 141 GiB)",
         kai_gpu_fraction_sized_on_the_node,

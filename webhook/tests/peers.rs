@@ -443,3 +443,20 @@ fn kai_reservation_pods_are_never_touched() {
     let (stored, _) = ours(&reservation, &moved).unwrap();
     assert_ne!(stored, reservation);
 }
+
+/// The stand-ins themselves, pinned against the reference's facts about the peers
+/// (`tests/cluster/peers_test.py`): a stand-in that drifted would make every test above meaningless.
+#[test]
+fn the_stand_ins_match_the_reference() {
+    let out = Command::new("python3")
+        .arg(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/cluster/peers_test.py"),
+        )
+        .output()
+        .expect("python3 runs tests/cluster/peers_test.py");
+    assert!(
+        out.status.success(),
+        "tests/cluster/peers_test.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -318,12 +318,12 @@ pub fn kai_routes(n: &mut Node) {
         (
             "kai-optout-annotation",
             json!({"gpu-memory": "3000", "kai-resource-isolator.io/inject": "false"}),
-            json!({"kai.scheduler/queue": "default"}),
+            json!({"kai.scheduler/queue": "default-queue"}),
         ),
         (
             "kai-optout-label",
             json!({"gpu-memory": "3000"}),
-            json!({"kai.scheduler/queue": "default", "kai-resource-isolator.io/webhook": "ignore"}),
+            json!({"kai.scheduler/queue": "default-queue", "kai-resource-isolator.io/webhook": "ignore"}),
         ),
     ] {
         let mut p = kai_pod(name, annotations);
