@@ -1313,6 +1313,14 @@ fn containerd_restart(n: &mut Node) {
 {mounts}"
         );
     }
+    // The runtime's mount order, for the record (containerd 1.6 and 2 are compared in
+    // docs/development.md): the mount points after the root's, less /proc, /sys and /dev.
+    let order: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| !["/proc", "/sys", "/dev"].iter().any(|s| p.starts_with(s)) && *p != "/")
+        .collect();
+    println!("  mounts in the container, in order: {}", order.join(" "));
     let start = Instant::now();
     n.script(&["containerd-restart"]);
     let back = start.elapsed();
