@@ -37,6 +37,8 @@ mod cdi;
 mod hostile;
 #[path = "real_node/peers.rs"]
 mod peers;
+#[path = "real_node/regions.rs"]
+mod regions;
 
 const NS: &str = "hami-limits";
 const PREFIX: &str = "hami-hami-limits";
@@ -1747,6 +1749,10 @@ const CASES: &[Case<Node>] = &[
     (
         "hostile tenant: a non-root user cannot replace usage.cache with a link",
         hostile::container_folder_links,
+    ),
+    (
+        "is the cap in force: HAMi and KAI regions written in the containers, verdicts on the node's metrics, the Event",
+        regions::verdicts_on_the_node,
     ),
     (
         "hostile tenant: a 60,000-value node affinity is refused, naming the limit",
