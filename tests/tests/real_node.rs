@@ -1,5 +1,6 @@
 //! The chart, both programs and the preload library on a **real node**: kubelet and kube-proxy from
-//! the pinned Kubernetes build, containerd and runc from Debian's packages, CNI bridge networking,
+//! the pinned Kubernetes build, containerd 2 and runc built from their Go modules
+//! (`scripts/runtime-build`; `HAMI_CONTAINERD=debian`: Debian's 1.6), CNI bridge networking,
 //! the images built here (`scripts/images`: nothing can be pulled), started with the control plane
 //! by `scripts/cluster up --with-chart` (real Helm, hooks included: the certgen Jobs run on the
 //! node). No GPU here: the device plugin reads an inventory (`devicePlugin.inventory`), HAMi-core
@@ -7,8 +8,8 @@
 //!
 //! Every limit is read where a user would read it: inside the real container (`kubectl exec`), in
 //! the entrypoint's environment and in a process started with an empty environment (`env -i`,
-//! `su -`: what an SSH login or cron starts). The faults are real too: kubelet restarted, the
-//! device plugin's pod deleted mid-allocation, the API server restarted mid-allocation, the webhook
+//! `su -`: what an SSH login or cron starts). The faults are real too: kubelet restarted,
+//! containerd restarted under a running pod, the device plugin's pod deleted mid-allocation, the API server restarted mid-allocation, the webhook
 //! scaled to zero, the node rebooted (every node process killed, mounts and /run-like state gone).
 //!
 //! One cluster serves every case, in order; `scripts/cluster down` stops it whatever happens (a
@@ -30,6 +31,8 @@ use hami_device_plugin::kubelet::api::v1beta1;
 use hami_tests::real::{Case, listed, repo, rfc3339, run_cases, text, wait_for};
 use serde_json::{Value, json};
 
+#[path = "real_node/cdi.rs"]
+mod cdi;
 #[path = "real_node/hostile.rs"]
 mod hostile;
 #[path = "real_node/peers.rs"]
@@ -1044,7 +1047,7 @@ fn plugin_pods(n: &Node) -> Vec<String> {
 struct RestoreStrategy<'a> {
     n: &'a Node,
     was: String,
-    pods: [&'static str; 2],
+    pods: [&'static str; 3],
 }
 
 impl Drop for RestoreStrategy<'_> {
@@ -1098,17 +1101,21 @@ fn kubelet_allocation(pod_uid: &str) -> v1beta1::ContainerAllocateResponse {
     v1beta1::ContainerAllocateResponse::decode(bytes.as_slice()).unwrap()
 }
 
-/// HAMi's `volume-mounts` and `cdi-cri` device lists under the real kubelet (switched on the
-/// running DaemonSet, then put back).
+/// HAMi's `volume-mounts`, `cdi-cri` and `cdi-annotations` device lists under the real kubelet
+/// (switched on the running DaemonSet, then put back). On containerd 2 the runtime injects the
+/// node's CDI spec (cdi.rs) and the container shows it; on containerd 1.6 (HAMI_CONTAINERD=debian),
+/// which has no CDI, kubelet's checkpoint shows what the runtime was handed.
 fn device_list_strategies(n: &mut Node) {
     let was = device_list_strategy(n).unwrap_or_else(|| "envvar".to_owned());
     assert_eq!(was, "envvar", "the chart's default");
     let restore = RestoreStrategy {
         n,
         was,
-        pods: ["list-mounts", "list-cdi"],
+        pods: ["list-mounts", "list-cdi", "list-cdi-annotations"],
     };
     let n = restore.n;
+    let containerd2 = cdi::containerd2(n);
+    let spec = cdi::write_spec(n);
 
     // volume-mounts: the container sees the folder in NVIDIA_VISIBLE_DEVICES and one entry per
     // GPU in it (what the NVIDIA runtime reads with
@@ -1138,10 +1145,9 @@ fn device_list_strategies(n: &mut Node) {
     delete_pod(n, "list-mounts");
 
     // cdi-cri: kubelet is given the CDI device `nvidia.com/gpu=<uuid>` (its checkpoint holds the
-    // answer it passes in the CRI request's CDIDevices) and no device list variable. Debian 12's
-    // containerd 1.6.20 predates CRI CDI devices and drops them: the container starts, capped,
-    // without a GPU list — on a node with containerd ≥ 1.7 and the toolkit's CDI spec the runtime
-    // injects the GPU.
+    // answer it passes in the CRI request's CDIDevices) and no device list variable. containerd 2
+    // injects the spec's edits for that GPU; Debian 12's containerd 1.6.20 predates CRI CDI
+    // devices and drops them: the container starts, capped, without a GPU list.
     set_device_list_strategy(n, "cdi-cri");
     assert!(n.create(&hami_pod("list-cdi", 2500, 25)).status.success());
     schedule_and_bind_as_hami(n, "list-cdi", GPU_0, 2500, 25);
@@ -1162,13 +1168,63 @@ fn device_list_strategies(n: &mut Node) {
             .map(String::as_str),
         Some("2500m")
     );
-    let entry = vars(&n.exec_ok("list-cdi", &["cat", "/tmp/entry-env"]));
-    assert_eq!(var(&entry, "NVIDIA_VISIBLE_DEVICES"), None);
+    if containerd2 {
+        cdi::assert_injected(n, "list-cdi", 0);
+    } else {
+        let entry = vars(&n.exec_ok("list-cdi", &["cat", "/tmp/entry-env"]));
+        assert_eq!(var(&entry, "NVIDIA_VISIBLE_DEVICES"), None);
+        assert_eq!(var(&entry, &cdi::device_var(0)), None);
+    }
     assert_capped_inside(n, "list-cdi", &[("CUDA_DEVICE_MEMORY_LIMIT_0", "2500m")]);
-    println!(
-        "  volume-mounts: {root}/{GPU_1} in the container; cdi-cri: kubelet holds {cdi:?} (containerd 1.6 drops CRI CDI devices)"
-    );
     delete_pod(n, "list-cdi");
+
+    // cdi-annotations: the answer carries the container annotation
+    // `cdi.k8s.io/nvidia-device-plugin_<pod uid>` = `nvidia.com/gpu=<uuid>`, which kubelet passes
+    // in the CRI request's annotations and containerd 2 resolves against the same spec.
+    set_device_list_strategy(n, "cdi-annotations");
+    assert!(
+        n.create(&hami_pod("list-cdi-annotations", 2200, 22))
+            .status
+            .success()
+    );
+    schedule_and_bind_as_hami(n, "list-cdi-annotations", GPU_1, 2200, 22);
+    wait_running(n, "list-cdi-annotations");
+    let uid = pod_uid(n, "list-cdi-annotations");
+    let stored = kubelet_allocation(&uid);
+    let annotations: Vec<(&str, &str)> = stored
+        .annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with("cdi.k8s.io/"))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        annotations,
+        [(
+            format!("cdi.k8s.io/nvidia-device-plugin_{uid}").as_str(),
+            format!("nvidia.com/gpu={GPU_1}").as_str()
+        )]
+    );
+    assert!(stored.cdi_devices.is_empty(), "{:?}", stored.cdi_devices);
+    if containerd2 {
+        cdi::assert_injected(n, "list-cdi-annotations", 1);
+    }
+    assert_capped_inside(
+        n,
+        "list-cdi-annotations",
+        &[("CUDA_DEVICE_MEMORY_LIMIT_0", "2200m")],
+    );
+    delete_pod(n, "list-cdi-annotations");
+    let seen = if containerd2 {
+        format!(
+            "containerd 2 injected {}'s edits in the container (env, device nodes, driver mount)",
+            spec.display()
+        )
+    } else {
+        "kubelet holds them; containerd 1.6 has no CDI".to_owned()
+    };
+    println!(
+        "  volume-mounts: {root}/{GPU_1} in the container; cdi-cri {cdi:?} and cdi-annotations: {seen}"
+    );
     drop(restore);
     assert_eq!(device_list_strategy(n).as_deref(), Some("envvar"));
 }
@@ -1230,6 +1286,94 @@ fn kubelet_restart(n: &mut Node) {
         &[("CUDA_DEVICE_MEMORY_LIMIT_0", "1000m")],
     );
     delete_pod(n, "after-kubelet");
+}
+
+/// containerd stopped and started again while a capped pod runs (an upgrade of the runtime, or
+/// its crash and restart by the init system): the container is not restarted, its limits file on
+/// the host and every mount in it stay as they were, containerd serves it again (exec), the node
+/// stays Ready and a new pod allocates.
+fn containerd_restart(n: &mut Node) {
+    assert!(n.create(&hami_pod("cd-restart", 1600, 16)).status.success());
+    schedule_and_bind_as_hami(n, "cd-restart", GPU_1, 1600, 16);
+    wait_running(n, "cd-restart");
+    let uid = pod_uid(n, "cd-restart");
+    let file = limits_file(n, &uid);
+    let body = assert_whole_limits_file(&file);
+    let status = |n: &Node| {
+        let p = n.get("pod", Some(TENANT), "cd-restart");
+        (
+            p["status"]["containerStatuses"][0]["containerID"].clone(),
+            p["status"]["containerStatuses"][0]["restartCount"].clone(),
+        )
+    };
+    let before = status(n);
+    let mounts = n.exec_ok("cd-restart", &["cat", "/proc/self/mountinfo"]);
+    for path in ["/overrideEnv", "/etc/ld.so.preload"] {
+        assert!(
+            mounts.lines().any(|l| l.split(' ').nth(4) == Some(path)),
+            "{path} is not a mount in the container:
+{mounts}"
+        );
+    }
+    // The runtime's mount order, for the record (containerd 1.6 and 2 are compared in
+    // docs/development.md): the mount points after the root's, less /proc, /sys and /dev.
+    let order: Vec<&str> = mounts
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| !["/proc", "/sys", "/dev"].iter().any(|s| p.starts_with(s)) && *p != "/")
+        .collect();
+    println!("  mounts in the container, in order: {}", order.join(" "));
+    let start = Instant::now();
+    n.script(&["containerd-restart"]);
+    let back = start.elapsed();
+    // containerd answers kubelet again and the container is reached through its shim.
+    wait_for(
+        "an exec into the pod through the restarted containerd",
+        Duration::from_secs(60),
+        || n.exec("cd-restart", &["true"]).0 == 0,
+    );
+    assert_eq!(
+        n.exec_ok("cd-restart", &["cat", "/proc/self/mountinfo"]),
+        mounts,
+        "the container's mounts changed over the containerd restart"
+    );
+    assert_eq!(
+        assert_whole_limits_file(&file),
+        body,
+        "the limits file changed"
+    );
+    assert_capped_inside(n, "cd-restart", &[("CUDA_DEVICE_MEMORY_LIMIT_0", "1600m")]);
+    wait_for(
+        "the node Ready after the containerd restart",
+        Duration::from_secs(90),
+        || {
+            n.get("node", None, NODE)["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+        },
+    );
+    assert_eq!(status(n), before, "the container was restarted or replaced");
+    println!(
+        "  containerd restarted in {:.1} s: the running container kept its id, mounts and file",
+        back.as_secs_f64()
+    );
+    assert!(
+        n.create(&hami_pod("after-containerd", 1300, 13))
+            .status
+            .success()
+    );
+    schedule_and_bind_as_hami(n, "after-containerd", GPU_0, 1300, 13);
+    wait_running(n, "after-containerd");
+    assert_capped_inside(
+        n,
+        "after-containerd",
+        &[("CUDA_DEVICE_MEMORY_LIMIT_0", "1300m")],
+    );
+    delete_pod(n, "after-containerd");
+    delete_pod(n, "cd-restart");
 }
 
 /// How often the running device plugin container logged its registration with kubelet.
@@ -1615,12 +1759,16 @@ const CASES: &[Case<Node>] = &[
         hostile::affinity_cost,
     ),
     (
-        "device list strategies under the real kubelet: volume-mounts in the container, cdi-cri at kubelet",
+        "device list strategies under the real kubelet: volume-mounts, cdi-cri and cdi-annotations in the container",
         device_list_strategies,
     ),
     (
         "kubelet restarted: the plugin registers again",
         kubelet_restart,
+    ),
+    (
+        "containerd restarted while a pod runs: it keeps its file and mounts",
+        containerd_restart,
     ),
     (
         "device plugin pod deleted mid-allocation: capped or not running",
