@@ -72,7 +72,16 @@ impl SshKey {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let out = Command::new("ssh-keygen")
-            .args(["-q", "-t", "ed25519", "-N", "", "-C", "hami-limits-test", "-f"])
+            .args([
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "hami-limits-test",
+                "-f",
+            ])
             .arg(dir.join("id"))
             .stdin(Stdio::null())
             .output()
@@ -134,11 +143,7 @@ fn session_pod(mut pod: Value, key: &SshKey, spec_env: &[(&str, &str)]) -> Value
     let container = &mut pod["spec"]["containers"][0];
     container["command"] = json!(["sh", "-c", ENTRYPOINT]);
     let mut env = vec![json!({"name": "SSH_AUTHORIZED_KEY", "value": key.public()})];
-    env.extend(
-        spec_env
-            .iter()
-            .map(|(k, v)| json!({"name": k, "value": v})),
-    );
+    env.extend(spec_env.iter().map(|(k, v)| json!({"name": k, "value": v})));
     container["env"] = json!(env);
     // Ready once sshd listens.
     container["readinessProbe"] = json!({"tcpSocket": {"port": 22}, "periodSeconds": 1});
@@ -154,7 +159,9 @@ fn file_values(n: &Node, pod: &str) -> Vec<(String, String)> {
         .filter(|(k, _)| k != "HAMI_LIMITS_FORMAT")
         .collect();
     assert!(
-        values.iter().any(|(k, _)| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT")),
+        values
+            .iter()
+            .any(|(k, _)| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT")),
         "{pod}: no memory limit in /overrideEnv:\n{body}"
     );
     values
@@ -228,7 +235,14 @@ fn every_session(n: &Node, pod: &str, key: &SshKey, spec_env: &[(&str, &str)]) {
             last.0 == 0
         },
     );
-    assert_session(pod, "ssh root@pod printenv", &last.1, &file, spec_env, Some("root"));
+    assert_session(
+        pod,
+        "ssh root@pod printenv",
+        &last.1,
+        &file,
+        spec_env,
+        Some("root"),
+    );
     if let Some(cache) = &cache {
         assert_eq!(
             var(&vars(&last.1), "CUDA_DEVICE_MEMORY_SHARED_CACHE"),
@@ -238,7 +252,11 @@ fn every_session(n: &Node, pod: &str, key: &SshKey, spec_env: &[(&str, &str)]) {
     }
     for (session, command, user) in [
         ("ssh: sudo -i", "sudo -i printenv", Some("root")),
-        ("ssh: sudo -u other -i", "sudo -u other -i printenv", Some("other")),
+        (
+            "ssh: sudo -u other -i",
+            "sudo -u other -i printenv",
+            Some("other"),
+        ),
         ("ssh: su -", "su - -c printenv", Some("root")),
         ("ssh: su - other", "su - other -c printenv", Some("other")),
         ("ssh: bash -c", "bash -c printenv", None),
@@ -262,9 +280,17 @@ fn every_session(n: &Node, pod: &str, key: &SshKey, spec_env: &[(&str, &str)]) {
         ("kubectl exec printenv", "exec printenv", None),
         ("kubectl exec: bash -c", "exec bash -c printenv", None),
         ("kubectl exec: setsid", "exec setsid -w printenv", None),
-        ("kubectl exec: nohup", "exec nohup printenv 2>/dev/null", None),
+        (
+            "kubectl exec: nohup",
+            "exec nohup printenv 2>/dev/null",
+            None,
+        ),
         ("kubectl exec: su -", "exec su - -c printenv", Some("root")),
-        ("kubectl exec: sudo -i", "exec sudo -i printenv", Some("root")),
+        (
+            "kubectl exec: sudo -i",
+            "exec sudo -i printenv",
+            Some("root"),
+        ),
         (
             "kubectl exec: sudo -u other -i",
             "exec sudo -u other -i printenv",
@@ -276,7 +302,11 @@ fn every_session(n: &Node, pod: &str, key: &SshKey, spec_env: &[(&str, &str)]) {
              >/dev/null && cat /tmp/login-exec.env",
             Some("other"),
         ),
-        ("the entrypoint (sshd's and cron's parent)", "cat /tmp/entry-env", None),
+        (
+            "the entrypoint (sshd's and cron's parent)",
+            "cat /tmp/entry-env",
+            None,
+        ),
     ] {
         let (code, out, err) = n.exec_in(ALLOWED_NS, pod, &["sh", "-c", command]);
         assert_eq!(code, 0, "{pod}: {session}: {out}{err}");
@@ -298,14 +328,24 @@ fn every_session(n: &Node, pod: &str, key: &SshKey, spec_env: &[(&str, &str)]) {
         code, 0,
         "{pod}: user other cannot open the shared region: {out}{err}"
     );
-    assert!(out.lines().any(|l| l == "1000"), "{pod}: not uid 1000:\n{out}");
+    assert!(
+        out.lines().any(|l| l == "1000"),
+        "{pod}: not uid 1000:\n{out}"
+    );
     if let Some(cache) = &cache {
         assert!(
             out.contains(&format!("region: {cache}\n")),
             "{pod}: other's region is not the file's {cache}:\n{out}"
         );
     }
-    assert_session(pod, "user other's process", &out, &file, spec_env, Some("other"));
+    assert_session(
+        pod,
+        "user other's process",
+        &out,
+        &file,
+        spec_env,
+        Some("other"),
+    );
 
     // The cron job of `other` ran within a minute (and a bit).
     let mut cron = String::new();
@@ -318,7 +358,14 @@ fn every_session(n: &Node, pod: &str, key: &SshKey, spec_env: &[(&str, &str)]) {
             code == 0
         },
     );
-    assert_session(pod, "cron job of user other", &cron, &file, spec_env, Some("other"));
+    assert_session(
+        pod,
+        "cron job of user other",
+        &cron,
+        &file,
+        spec_env,
+        Some("other"),
+    );
 }
 
 fn wait_running_in(n: &Node, ns: &str, name: &str) {
@@ -404,7 +451,11 @@ pub fn readme_ssh_demo(n: &mut Node) {
         text(&out.stderr)
     );
     let v = vars(&stdout);
-    assert_eq!(var(&v, "CUDA_DEVICE_MEMORY_LIMIT_0"), Some("3000m"), "{stdout}");
+    assert_eq!(
+        var(&v, "CUDA_DEVICE_MEMORY_LIMIT_0"),
+        Some("3000m"),
+        "{stdout}"
+    );
     assert_eq!(var(&v, "CUDA_DEVICE_SM_LIMIT"), Some("30"), "{stdout}");
     assert_eq!(var(&v, "LOGNAME"), Some("root"), "{stdout}");
     assert!(
