@@ -150,13 +150,14 @@ fn session_pod(mut pod: Value, key: &SshKey, spec_env: &[(&str, &str)]) -> Value
     pod
 }
 
-/// The contract's variables of the limits file (`/overrideEnv`) in the container.
+/// The limits file's (`/overrideEnv`) variables that the preload library exports, in the
+/// container.
 fn file_values(n: &Node, pod: &str) -> Vec<(String, String)> {
     let (code, body, err) = n.exec_in(ALLOWED_NS, pod, &["cat", "/overrideEnv"]);
     assert_eq!(code, 0, "{pod}: cat /overrideEnv: {err}");
     let values: Vec<(String, String)> = vars(&body)
         .into_iter()
-        .filter(|(k, _)| k != "HAMI_LIMITS_FORMAT")
+        .filter(|(k, _)| hami_shared::preload::is_exported_key(k))
         .collect();
     assert!(
         values
