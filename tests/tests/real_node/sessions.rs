@@ -315,15 +315,29 @@ fn every_session(n: &Node, pod: &str, key: &SshKey, spec_env: &[(&str, &str)]) {
     }
 
     // A non-root user's process: the limits, and HAMi-core's region opened read-write and
-    // created if missing (bash's <> is open(O_RDWR|O_CREAT), as HAMi-core opens it).
-    let region = "cache=${CUDA_DEVICE_MEMORY_SHARED_CACHE:-/tmp/cudevshr.cache}; \
-                  exec 3<>\"$cache\" && echo \"region: $cache\" \
-                  && { [ ! -e /tmp/vgpulock ] || { exec 4<>/tmp/vgpulock/lock && echo 'lock: /tmp/vgpulock/lock'; }; } \
-                  && id -u && printenv";
+    // created if missing (bash's <> is open(O_RDWR|O_CREAT), as HAMi-core opens it). A script
+    // file: `sudo -i` hands its command to the login shell with `$` unescaped.
+    let region = "#!/bin/bash\n\
+                  cache=${CUDA_DEVICE_MEMORY_SHARED_CACHE:-/tmp/cudevshr.cache}\n\
+                  exec 3<>\"$cache\" && echo \"region: $cache\" || exit 1\n\
+                  if [ -e /tmp/vgpulock ]; then exec 4<>/tmp/vgpulock/lock && echo 'lock: /tmp/vgpulock/lock' || exit 1; fi\n\
+                  id -u && printenv\n";
+    let (code, _, err) = n.exec_in(
+        ALLOWED_NS,
+        pod,
+        &[
+            "sh",
+            "-c",
+            "printf '%s' \"$1\" > /tmp/region.sh && chmod 755 /tmp/region.sh",
+            "sh",
+            region,
+        ],
+    );
+    assert_eq!(code, 0, "{pod}: writing /tmp/region.sh: {err}");
     let (code, out, err) = n.exec_in(
         ALLOWED_NS,
         pod,
-        &["sudo", "-u", "other", "-i", "bash", "-c", region],
+        &["sudo", "-u", "other", "-i", "/tmp/region.sh"],
     );
     assert_eq!(
         code, 0,
