@@ -15,7 +15,7 @@ trap cleanup EXIT
 if [ -z "${BIN:-}" ]; then
   echo "== building hami-webhook (release)"
   (cd "$ROOT" && cargo build --release -q -p hami-webhook)
-  BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/hami-webhook"
+  BIN="$("$ROOT/scripts/target-dir")/release/hami-webhook"
 fi
 
 if [ -n "${GO_PEER_BIN:-}" ]; then

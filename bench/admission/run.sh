@@ -11,7 +11,7 @@ OUT=${OUT:-$ROOT/bench/admission/results.md}
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cargo build --release -p hami-webhook --manifest-path "$ROOT/Cargo.toml" >&2
-BIN=$ROOT/target/release/hami-webhook
+BIN=$("$ROOT/scripts/target-dir")/release/hami-webhook
 python3 "$ROOT/bench/admission/gen.py" "$WORK" >&2
 {
   echo "# One review's cost against its size"

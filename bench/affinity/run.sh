@@ -9,7 +9,7 @@
 # Writes bench/affinity/results.md (and the raw outputs beside it, in raw/).
 #
 #   bench/affinity/run.sh                           # BASE=main CORE=0 SAMPLES=15 SLOW_SECONDS=30
-#   BUILD_ONLY=1 bench/affinity/run.sh              # build both into target/affinity-bench/{this,base}
+#   BUILD_ONLY=1 bench/affinity/run.sh              # build both into <target>/affinity-bench/{this,base}
 #   BASE_BIN_DIR=dir THIS_BIN_DIR=dir bench/affinity/run.sh   # prebuilt binaries (another machine)
 #
 # The binaries in a *_BIN_DIR are named affinity_cost, decide and kai_vram_index.
@@ -21,6 +21,8 @@ CORE=${CORE:-0}
 OUT_DIR=${OUT_DIR:-$ROOT/bench/affinity}
 export SAMPLES=${SAMPLES:-15} SLOW_SECONDS=${SLOW_SECONDS:-30}
 CRITERION_ARGS=${CRITERION_ARGS:---warm-up-time 1 --measurement-time 3}
+# cargo's target folder (CARGO_TARGET_DIR honoured): this tree's build, and the base's beside it.
+TARGET=$("$ROOT/scripts/target-dir")
 
 # Build one tree's three bench binaries into $2 (named without Cargo's hash).
 build() {
@@ -39,11 +41,11 @@ for line in sys.stdin:
 }
 
 if [ -z "${THIS_BIN_DIR:-}" ]; then
-  THIS_BIN_DIR=$ROOT/target/affinity-bench/this
+  THIS_BIN_DIR=$TARGET/affinity-bench/this
   build "$ROOT" "$THIS_BIN_DIR"
 fi
 if [ -z "${BASE_BIN_DIR:-}" ]; then
-  BASE_TREE=$ROOT/target/affinity-bench/base-tree
+  BASE_TREE=$TARGET/affinity-bench/base-tree
   rm -rf "$BASE_TREE" && mkdir -p "$BASE_TREE"
   git -C "$ROOT" archive "$BASE" | tar -x -C "$BASE_TREE"
   cp "$ROOT/webhook/benches/affinity_cost.rs" "$BASE_TREE/webhook/benches/"
@@ -52,11 +54,11 @@ if [ -z "${BASE_BIN_DIR:-}" ]; then
   # A target folder of its own: Cargo names a workspace member's artifacts by its path inside the
   # workspace, so two trees in one folder overwrite each other's library and a bench links the
   # other tree's. Seeded with a copy of this tree's release build, so only the members rebuild.
-  BASE_TARGET=$ROOT/target/affinity-bench/base-target
-  if [ ! -d "$BASE_TARGET/release" ] && [ -d "$ROOT/target/release" ]; then
-    mkdir -p "$BASE_TARGET" && cp -a "$ROOT/target/release" "$BASE_TARGET/"
+  BASE_TARGET=$TARGET/affinity-bench/base-target
+  if [ ! -d "$BASE_TARGET/release" ] && [ -d "$TARGET/release" ]; then
+    mkdir -p "$BASE_TARGET" && cp -a "$TARGET/release" "$BASE_TARGET/"
   fi
-  BASE_BIN_DIR=$ROOT/target/affinity-bench/base
+  BASE_BIN_DIR=$TARGET/affinity-bench/base
   CARGO_TARGET_DIR=$BASE_TARGET build "$BASE_TREE" "$BASE_BIN_DIR"
 fi
 

@@ -18,9 +18,8 @@ CONCURRENCY=${CONCURRENCY:-8}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 RUNS=${RUNS:-3}
 REST=${REST:-0}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 cargo build --release -p hami-tests --example allocate_bench
-bin="$CARGO_TARGET_DIR/release/examples/allocate_bench"
+bin="$(scripts/target-dir)/release/examples/allocate_bench"
 out=${OUT:-bench/allocate/results.md}
 reports=$(mktemp -d)
 # The runs' files are kept until the last run is over, then removed: deleting thousands of files

@@ -8,7 +8,7 @@ throwaway CA and certificate for localhost) on free loopback ports with the sett
 nothing else is needed:
 
     cargo build --release -p hami-webhook
-    python3 bench/hostile/hostile.py [--bin target/release/hami-webhook] [--per-kind 64]
+    python3 bench/hostile/hostile.py [--bin PATH/hami-webhook] [--per-kind 64]
         [--idle-timeout 10] [--large-bodies 16] [--seconds 30] [--json out.json]
 
 Kinds opened by the hostile client, `--per-kind` of each (large bodies: `--large-bodies`):
@@ -223,7 +223,8 @@ def pct(xs, p):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/hami-webhook"))
+    ap.add_argument("--bin", default=None,
+                    help="hami-webhook (default: release/ of cargo's target folder, scripts/target-dir)")
     ap.add_argument("--per-kind", type=int, default=64)
     ap.add_argument("--large-bodies", type=int, default=16)
     ap.add_argument("--complete-large", action="store_true")
@@ -237,6 +238,10 @@ def main():
                     help="good-client duration; default idle timeout + request timeout + 5")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.bin is None:
+        target = subprocess.run([os.path.join(ROOT, "scripts", "target-dir")], check=True,
+                                stdout=subprocess.PIPE, text=True).stdout.strip()
+        args.bin = os.path.join(target, "release", "hami-webhook")
     seconds = args.seconds or (max(args.idle_timeout, args.request_timeout) + 5)
     settings = {
         "IDLETIMEOUTSECONDS": args.idle_timeout,

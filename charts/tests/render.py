@@ -116,7 +116,8 @@ SCENARIOS: dict[str, dict] = {
             "certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}},
         }
     },
-    "env-delivery": {"devicePlugin": {"limitDelivery": "env"}},
+    # HAMi's environment-only delivery, and HAMi-core's own log level (libCudaLogLevel unset).
+    "env-delivery": {"devicePlugin": {"limitDelivery": "env", "libCudaLogLevel": None}},
     "allow-lists": {
         "devicePlugin": {"allowPrivilegedNamespaces": ["trusted"]},
         "webhook": {"tenancy": {"allowHamiCoreEnvNamespaces": ["hami-legacy", "research"]}},
@@ -213,14 +214,34 @@ SCENARIOS: dict[str, dict] = {
     "device-plugin-only": {"webhook": {"enabled": False}, "devicePlugin": {"hamiCore": {"install": False}}},
     # Nodes without NVML: the inventory reaches the plugin and both install-hook init containers
     # (the node GPU file); the hook installer on the NVIDIA runtime class.
+    # With NVLink and PCIe links (the plugin's topology scores, topology-aware as HAMi's chart says it).
     "inventory": {
+        "scheduler": {"defaultSchedulerPolicy": {"gpuSchedulerPolicy": "topology-aware"}},
         "devicePlugin": {
             "inventory": [
-                {"uuid": "GPU-11111111-aaaa-4000-8000-000000000001", "name": "NVIDIA H200", "memoryMib": 143771, "minor": 3},
-                {"uuid": "GPU-22222222-bbbb-4000-8000-000000000002", "name": "NVIDIA H200", "memoryMib": 143771, "numaNode": 1},
+                {"uuid": "GPU-11111111-aaaa-4000-8000-000000000001", "name": "NVIDIA H200", "memoryMib": 143771, "minor": 3,
+                 "links": [{"peer": "GPU-22222222-bbbb-4000-8000-000000000002", "pcie": "singleSwitch", "nvlinks": 18}]},
+                {"uuid": "GPU-22222222-bbbb-4000-8000-000000000002", "name": "NVIDIA H200", "memoryMib": 143771, "numaNode": 1,
+                 "links": [{"peer": "GPU-11111111-aaaa-4000-8000-000000000001", "pcie": "singleSwitch", "nvlinks": 18}]},
             ]
         },
         "hookInstaller": {"enabled": True, "runtimeClassName": "nvidia"},
+    },
+    # Every other key the plugin's inventory reader takes: static MIG devices (index, device
+    # nodes, health) and a GPU whose NVML reports no memory (preConfiguredDeviceMemory instead).
+    "inventory-mig": {
+        "devicePlugin": {
+            "migStrategy": "mixed",
+            "preConfiguredDeviceMemory": 131072,
+            "inventory": [
+                {"uuid": "GPU-33333333-cccc-4000-8000-000000000003", "name": "NVIDIA H200", "memoryMib": 143771, "index": 0,
+                 "minor": 0, "numaNode": 0, "migEnabled": True, "healthy": True,
+                 "migDevices": [{"uuid": "MIG-33333333-cccc-4000-8000-0000000000a1", "profile": "1g.18gb", "memoryMib": 16384,
+                                 "healthy": True, "index": "0:0",
+                                 "devicePaths": ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]}]},
+                {"uuid": "GPU-44444444-dddd-4000-8000-000000000004", "name": "NVIDIA GB10", "index": 1, "minor": 1, "healthy": False},
+            ],
+        },
     },
     # HAMi's vGPU monitor off; the ServiceMonitor then scrapes the plugin's port only.
     "no-monitor": {"devicePlugin": {"monitor": {"enabled": False}, "serviceMonitor": {"enabled": True}}},
@@ -365,6 +386,14 @@ BAD_VALUES: list[tuple[str, dict, str]] = [
     ("typo in an admissionPolicy key", {"admissionPolicy": {"schedulerIdentity": []}}, "schedulerIdentity"),
     ("inventory minor of /dev/nvidiactl", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 1, "minor": 255}]}}, "minor"),
     ("inventory memory beyond 16 TiB", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "memoryMib": 16777217}]}}, "memoryMib"),
+    ("inventory link kind unknown", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "links": [{"peer": "GPU-b", "pcie": "pcie"}]}]}}, "pcie"),
+    ("inventory link beyond 18 NVLinks", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "links": [{"peer": "GPU-b", "nvlinks": 19}]}]}}, "nvlinks"),
+    ("inventory link without peer", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "links": [{"nvlinks": 2}]}]}}, "peer"),
+    ("inventory link key spelt wrong", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "links": [{"peer": "GPU-b", "nvlink": 2}]}]}}, "nvlink"),
+    ("inventory uuid with a slash", {"devicePlugin": {"inventory": [{"uuid": "GPU-a/b", "name": "x"}]}}, "uuid"),
+    ("inventory negative NUMA node", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "numaNode": -1}]}}, "numaNode"),
+    ("inventory MIG device not MIG-", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "migEnabled": True, "migDevices": [{"uuid": "GPU-b", "profile": "1g.18gb", "memoryMib": 1}]}]}}, "uuid"),
+    ("inventory MIG device path outside /dev", {"devicePlugin": {"inventory": [{"uuid": "GPU-a", "name": "x", "migEnabled": True, "migDevices": [{"uuid": "MIG-b", "profile": "1g.18gb", "memoryMib": 1, "devicePaths": ["/dev/../etc/passwd"]}]}]}}, "devicePaths"),
     ("migStrategy unknown", {"devicePlugin": {"migStrategy": "all"}}, "migStrategy"),
     ("deviceListStrategy unknown", {"devicePlugin": {"deviceListStrategy": "env"}}, "deviceListStrategy"),
     ("passDeviceSpecsEnabled as a string", {"devicePlugin": {"passDeviceSpecsEnabled": "true"}}, "passDeviceSpecsEnabled"),

@@ -439,6 +439,87 @@ mod tests {
         .unwrap()
     }
 
+    /// With nothing set, `run` has HAMi v2.10.0's defaults for every setting it reads under
+    /// HAMi's names: HAMi's values as data, from `cmd/device-plugin/nvidia/main.go` (urfave/cli
+    /// flags), `pkg/device-plugin/nvidiadevice/nvinternal/plugin/register.go`
+    /// (`ENABLE_TOPOLOGY_SCORE`, on only for `true`) and `rm/health.go` (health check lists).
+    #[test]
+    fn run_defaults_are_hamis_plugins() {
+        use crate::allocation::device_list::{DeviceListStrategies, DeviceListStrategy};
+        let parsed = parse(&["p", "run"], &[]);
+        let Command::Run(args) = parsed.cli.command else {
+            panic!("not run")
+        };
+        let list = args.allocate.device_list.parse().unwrap();
+        let s = &list.settings;
+        let ours: Vec<(&str, String)> = vec![
+            ("MIG_STRATEGY", args.source.mig_strategy.to_string()),
+            (
+                "FAIL_ON_INIT_ERROR",
+                args.gpu.fail_on_init_error.to_string(),
+            ),
+            // NVIDIA_DEV_ROOT defaults to the driver root, "/".
+            ("NVIDIA_DEV_ROOT", s.dev_root.clone()),
+            ("PASS_DEVICE_SPECS", s.pass_device_specs.to_string()),
+            (
+                "DEVICE_LIST_STRATEGY",
+                if Some(&s.strategies)
+                    == DeviceListStrategies::new([DeviceListStrategy::Envvar]).as_ref()
+                {
+                    "envvar".to_owned()
+                } else {
+                    format!("{:?}", s.strategies)
+                },
+            ),
+            ("DEVICE_ID_STRATEGY", s.id_strategy.as_str().to_owned()),
+            ("GDRCOPY_ENABLED", s.gdrcopy.to_string()),
+            ("GDS_ENABLED", s.gds.to_string()),
+            ("MOFED_ENABLED", s.mofed.to_string()),
+            ("CDI_ANNOTATION_PREFIX", s.cdi_annotation_prefix.clone()),
+            ("DRIVER_ROOT_CTR_PATH", list.container_driver_root.clone()),
+            ("IMEX_CHANNEL_IDS", format!("{:?}", list.imex.ids)),
+            ("IMEX_REQUIRED", list.imex.required.to_string()),
+            (
+                "ENABLE_TOPOLOGY_SCORE",
+                args.source.topology_score.to_string(),
+            ),
+            (
+                "DP_DISABLE_HEALTHCHECKS",
+                format!("{:?}", args.gpu.disable_healthchecks),
+            ),
+            (
+                "DP_ENABLE_HEALTHCHECKS",
+                format!("{:?}", args.gpu.enable_healthchecks),
+            ),
+        ];
+        let hami: [(&str, &str); 16] = [
+            ("MIG_STRATEGY", "none"),
+            ("FAIL_ON_INIT_ERROR", "true"),
+            ("NVIDIA_DEV_ROOT", "/"),
+            ("PASS_DEVICE_SPECS", "false"),
+            ("DEVICE_LIST_STRATEGY", "envvar"),
+            ("DEVICE_ID_STRATEGY", "uuid"),
+            ("GDRCOPY_ENABLED", "false"),
+            ("GDS_ENABLED", "false"),
+            ("MOFED_ENABLED", "false"),
+            ("CDI_ANNOTATION_PREFIX", "cdi.k8s.io/"),
+            ("DRIVER_ROOT_CTR_PATH", "/driver-root"),
+            ("IMEX_CHANNEL_IDS", "[]"),
+            ("IMEX_REQUIRED", "false"),
+            ("ENABLE_TOPOLOGY_SCORE", "false"),
+            ("DP_DISABLE_HEALTHCHECKS", "None"),
+            ("DP_ENABLE_HEALTHCHECKS", "None"),
+        ];
+        assert_eq!(ours.len(), hami.len());
+        for ((name, value), (hami_name, hami_value)) in ours.iter().zip(hami) {
+            assert_eq!(*name, hami_name);
+            assert_eq!(
+                value, hami_value,
+                "{name}: ours {value:?}, HAMi v2.10.0's {hami_value:?}"
+            );
+        }
+    }
+
     #[test]
     fn topology_score_reads_hamis_spelling_only() {
         let run = |args: &[&str]| {

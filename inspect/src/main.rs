@@ -1,11 +1,13 @@
-//! `hami-limits`: inspect a limits file the way HAMi-core will read it, or a node GPU file the way
-//! the preload library will.
+//! `hami-limits`: inspect a limits file the way HAMi-core will read it, a node GPU file the way
+//! the preload library will, or HAMi-core's shared region (`region`): is the cap in force?
 //!
 //! Exit status of `check`: 0 no diagnostics, 1 any diagnostic, 2 the file could not be read.
 //!
 //! `check` streams: it holds one line (at most HAMi-core's 9,999-byte line) and the entries,
 //! however long the input, and writes each diagnostic as it is found. `check --node-gpus` reads
 //! at most [`NODE_GPUS_CHECK_BYTES`] (the preload library reads 4 KiB of it).
+
+mod region;
 
 use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
@@ -69,6 +71,48 @@ enum Command {
         /// input.
         #[arg(long, value_name = "FILE|-", conflicts_with = "example")]
         node_gpus: Option<PathBuf>,
+    },
+    /// Read HAMi-core's shared region (usage.cache) of one container or of every container of a
+    /// node and say whether the cap is in force: the limits stamped in it (the ones HAMi-core
+    /// enforces), each process with its usage, the sum per GPU, and a verdict per container and
+    /// GPU: capped, uncapped, mismatch, no-region, stale, unreadable, no-limit.
+    #[command(
+        after_help = "PATH is a region file (<HOOK>/vgpu/containers/<pod-uid>_<container>/usage.cache), a \
+            container's folder, or the containers folder (<HOOK>/vgpu/containers: every container of \
+            the node). The limits file compared with is the one the device plugin publishes beside \
+            the folder (<pod-uid>_<container>.limits), or --limits.\n\n\
+            Examples:\n  hami-limits region /usr/local/vgpu/containers\n  \
+            hami-limits region /usr/local/vgpu/containers/<pod-uid>_main --json\n  \
+            kubectl exec POD -- hami-limits region /usr/local/vgpu/usage.cache --limits /overrideEnv --pids container\n  \
+            hami-limits region --layout\n\n\
+            Links are never followed and at most the largest region's size + 4 KiB is read: the \
+            container's processes write these files.\n\n\
+            Exit status: 0 no problem, 1 a container is uncapped, mismatch, stale or unreadable, \
+            2 PATH cannot be read."
+    )]
+    Region {
+        /// A region file, a container folder, or a folder of container folders.
+        #[arg(value_name = "PATH", required_unless_present = "layout")]
+        path: Option<PathBuf>,
+        /// One JSON object: {"containers": [{"container", "region_file", "limits_file",
+        /// "verdict", "region", "error"}]}.
+        #[arg(long)]
+        json: bool,
+        /// The limits file to compare with (default: the one beside the container's folder).
+        #[arg(long, value_name = "FILE")]
+        limits: Option<PathBuf>,
+        /// MiB of the smallest GPU the container sees, for a KAI gpu-fraction container's
+        /// per-node cap (HAMI_GPU_FRACTION × this); without it the admission-time cap is expected.
+        #[arg(long, value_name = "MIB")]
+        gpu_mib: Option<u64>,
+        /// Whose PIDs decide whether a slot's process still exists: host (hostpid, on the node),
+        /// container (pid, inside the container), none.
+        #[arg(long, value_enum, default_value = "host")]
+        pids: region::PidView,
+        /// Print the offsets the reader assumes for each layout as JSON (to compare with
+        /// offsetof() against HAMi-core's header) and exit.
+        #[arg(long, conflicts_with_all = ["path", "json", "limits", "gpu_mib"])]
+        layout: bool,
     },
 }
 
@@ -431,6 +475,25 @@ fn node_gpus_summary(name: &str, parsed: &node_gpus::ParsedNodeGpus, usable: boo
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Region { layout: true, .. } => {
+            println!("{}", region::layout_json());
+            ExitCode::SUCCESS
+        }
+        Command::Region {
+            path: Some(path),
+            json,
+            limits,
+            gpu_mib,
+            pids,
+            layout: false,
+        } => ExitCode::from(region::run(&region::RegionArgs {
+            path,
+            json,
+            limits,
+            gpu_mib,
+            pids,
+        })),
+        Command::Region { path: None, .. } => ExitCode::from(EXIT_UNREADABLE),
         Command::Check {
             node_gpus: Some(file),
             json,

@@ -7,6 +7,8 @@
 //! - [`hami_core`]: how HAMi-core really reads memory and SM values, with warnings.
 //! - [`publish`]: atomic publication of a file into a directory, and the leftover sweep.
 //! - [`node_gpus`]: the node GPU file (minor number, UUID, MiB of each GPU of a node).
+//! - [`region`]: HAMi-core's shared region (`usage.cache`): the limits in force, its processes,
+//!   and the verdict (is the cap in force?).
 //! - [`config`]: layered configuration and HAMi-compatible device/node config files.
 //!
 //! ```
@@ -37,6 +39,7 @@ pub mod names;
 pub mod node_gpus;
 pub mod preload;
 pub mod publish;
+pub mod region;
 pub mod values;
 
 pub use limits_file::{Diagnostic, LimitsFile, LimitsFileError, ParsedLimitsFile, Severity, parse};

@@ -99,7 +99,7 @@ const HAMI_NODE_CONFIG: &str = r#"{
             "name": "gpu-node-b",
             "operatingmode": "hami-core",
             "devicecorescaling": 1,
-            "libcudaloglevel": 2,
+            "libcudaloglevel": "2",
             "enablegetpreferredallocation": true,
             "limitDelivery": "file"
         },
@@ -263,7 +263,11 @@ fn node_config_json_as_hami_writes_it() {
         Some(LimitDelivery::File),
         "limitDelivery spelling accepted"
     );
-    assert_eq!(b.lib_cuda_log_level, Some(2));
+    assert_eq!(
+        b.lib_cuda_log_level,
+        Some(2),
+        "the string form HAMi's config.json reader needs (a Go string field) is read too"
+    );
     assert_eq!(b.enable_get_preferred_allocation, Some(true));
     // Two entries for gpu-node-a: applied in order, the later one overriding what it sets.
     let a = nodes.for_node("gpu-node-a").unwrap();

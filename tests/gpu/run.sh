@@ -8,8 +8,8 @@
 #
 #   sudo tests/gpu/run.sh --bin DIR --hami-core-lib FILE [--hook DIR] [--report FILE]
 #
-#   --bin DIR            holds hami-device-plugin, hami-webhook and libhami_preload.so (the shipped
-#                        artifact from scripts/build-preload)
+#   --bin DIR            holds hami-device-plugin, hami-webhook, hami-limits and libhami_preload.so
+#                        (the shipped artifact from scripts/build-preload)
 #   --hami-core-lib F    a built libvgpu.so (HAMi's image carries one as
 #                        /k8s-vgpu/lib/nvidia/libvgpu.so.<version>; a Release build with hidden
 #                        visibility interposes nothing, see docs/design.md)
@@ -19,6 +19,9 @@
 #   HAMI_CORE_REV=...    the HAMi-core revision to name in the report (default: the file's name)
 #   HAMI_PRELOAD_BEFORE=F  an older libhami_preload.so for the per-exec cost table (optional)
 #   BENCH_RUNS, BENCH_N  rounds and execs per round of the per-exec cost (default 5 and 2000)
+#   SM_RUNS              runs per SM-limit series (default 12)
+#   HAMI_REGION_EXPORTER a command printing the exporter's metrics for a hook path (optional)
+#   HAMI_GPU_SECTIONS    the sections to run: cases,folder,regions,sm,bench (default all)
 #
 # Needs root, nvidia-smi, nvcc (for the probe), cc, unshare, mount, mknod and python3.
 # Nothing global is left changed but /tmp/vgpulock, which plan --write makes as the plugin does
@@ -37,7 +40,7 @@ while [ $# -gt 0 ]; do
     --hami-core-lib) hami_lib=$2; shift 2;;
     --hook) hook=$2; shift 2;;
     --report) report=$2; shift 2;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0;;
     *) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 64;;
   esac
 done
@@ -196,6 +199,8 @@ with_files() {
 #   VIA: ld.so.preload (LIST at /etc/ld.so.preload) | LD_PRELOAD (LIST's libraries in LD_PRELOAD).
 rows=()
 failures=0
+# HAMI_GPU_SECTIONS: a comma-separated subset of cases,folder,regions,sm,bench (default all).
+want() { case ",${HAMI_GPU_SECTIONS:-all}," in *,all,*|*",$1,"*) return 0;; esac; return 1; }
 run_case() {
   local name=$1 file=$2 list=$3 via=$4 expect=$5 api=$6 mib=$7; shift 7
   local vars=("$@") extra=()
@@ -216,6 +221,8 @@ run_case() {
 full="$vgpu/ld.so.preload"
 hami_only="$work/ld.so.preload.hami-only"
 spoof=(CUDA_DEVICE_MEMORY_LIMIT_0=16g CUDA_DEVICE_MEMORY_LIMIT=16g)
+largest=- smi=- base=() base_ms=- sm_args=(1500 1000000)
+if want cases; then
 echo "== cases (GPU 0: $vram MiB)"
 for api in runtime driver; do
   run_case "HAMi file, released HAMi-core alone" "$hami_file" "$hami_only" ld.so.preload granted $api 4096
@@ -252,6 +259,7 @@ smi_bin=$(command -v nvidia-smi)
 with_files "$hami_file" "$full" env -i "$smi_bin" --query-gpu=memory.used,memory.total --format=csv,noheader -i 0 > "$work/case.out" 2>/dev/null || true
 smi=$(grep MiB "$work/case.out" | tail -n 1)
 rm -f "$vgpu/usage.cache" /tmp/cudevshr.cache
+fi
 
 # --- the per-container folder, as a container has it -----------------------------------------
 # plan --write makes <hook>/vgpu/containers/<podUID>_<ctr> as Allocate does: root's 0755 with
@@ -265,10 +273,10 @@ fresh_ctr() { # a new allocation: the folder recreated, the region empty again
   "$bin/hami-device-plugin" plan --pod "$repo/examples/hami-pod-scheduled.yaml" --node gpu-0 \
     --hook-path "$hook" --write > /dev/null
 }
-in_ctr() { # USER CMD...
+in_ctr() { # USER CMD... (IN_CTR_LIST: another preload list; IN_CTR_FILE: another limits file)
   local who=$1; shift
   unshare --mount -- /bin/sh -c '
-    vgpu=$1 ctr=$2 stage=$3 file=$4 who=$5; shift 5
+    vgpu=$1 ctr=$2 stage=$3 file=$4 who=$5 list=$6; shift 6
     # The limits file first: it lives under the folder the container folder is bound over.
     mount --bind "$file" /overrideEnv || exit 97
     mount -o remount,bind,ro /overrideEnv 2>/dev/null || true
@@ -279,11 +287,12 @@ in_ctr() { # USER CMD...
       mount --bind "$stage/$f" "$vgpu/$f" || exit 97
     done
     # Last: from here on every exec preloads the list, whose files are now in place.
-    mount --bind "$stage/ld.so.preload" /etc/ld.so.preload || exit 97
+    [ -n "$list" ] || list="$stage/ld.so.preload"
+    mount --bind "$list" /etc/ld.so.preload || exit 97
     [ "$who" = root ] && exec "$@"
     command -v setpriv >/dev/null && exec setpriv --reuid=65534 --regid=65534 --clear-groups -- "$@"
     exec python3 -c "import os, sys; os.setgroups([]); os.setgid(65534); os.setuid(65534); os.execvp(sys.argv[1], sys.argv[1:])" "$@"
-  ' sh "$vgpu" "$ctr_dir" "$stage" "$hami_file" "$who" "$@"
+  ' sh "$vgpu" "$ctr_dir" "$stage" "${IN_CTR_FILE:-$hami_file}" "$who" "${IN_CTR_LIST:-}" "$@"
 }
 frows=()
 fcheck() { # NAME WHO EXPECTED GOT [DETAIL]
@@ -305,6 +314,7 @@ fjoint() { # HOLDER ASKER MIB EXPECT: HOLDER holds 1000 MiB while ASKER asks MIB
   fprobe "$1 holds 1000 MiB ($(probe_line "$work/hold.out" | cut -d' ' -f1,3)); meanwhile" "$2" "$4" runtime "$3"
   wait "$holder" 2>/dev/null || true
 }
+if want folder; then
 echo "== the per-container folder (root's 0755, usage.cache pre-created), root and nobody"
 fresh_ctr
 fcheck "the folder (uid mode type)" - "0 755 directory" "$(stat -c '%u %a %F' "$ctr_dir")"
@@ -341,13 +351,192 @@ fcheck "nobody: ln -sf usage.cache, rm usage.cache, create new.cache" nobody \
 # Old HAMi-core (before 2026-02) opens /tmp/vgpulock/lock O_CREAT|O_RDWR and flocks it, as any UID.
 lockres=$(in_ctr nobody python3 -c "import os, fcntl; fd = os.open('/tmp/vgpulock/lock', os.O_CREAT | os.O_RDWR, 0o666); fcntl.flock(fd, fcntl.LOCK_EX); print('locked')" 2>&1 | tail -n 1 || true)
 fcheck "nobody: open /tmp/vgpulock/lock O_CREAT + O_RDWR, flock" nobody locked "$lockres"
+fi
+
+
+# --- the shared region, read back (hami-limits region: the reader the exporters use) ----------
+# Regions made by the real HAMi-core in the container folder, read by `hami-limits region` with
+# the container's limits file: the usage HAMi-core recorded against nvidia-smi's, and the verdicts
+# (capped; uncapped when a process with no variables seeds the region: HAMi#2125; mismatch when
+# one with other values does).
+rrows=()
+rcheck() { # NAME EXPECTED GOT [DETAIL]
+  local verdict=ok
+  if [ "$2" != "$3" ]; then verdict="**UNEXPECTED**"; failures=$((failures + 1)); fi
+  rrows+=("| $1 | $2 | $3 | ${4:-} | $verdict |")
+  echo "region: $1 -> $3 ${4:-} (expected $2) [$verdict]"
+}
+region_read() { # -> $work/region.json (the first container's report)
+  "$bin/hami-limits" region "$ctr_dir" --limits "$hami_file" --json --pids host > "$work/region.json" 2> "$work/region.err" || true
+}
+rq() { # PYTHON-EXPRESSION over j, the first container of $work/region.json
+  python3 -c 'import json, sys
+try:
+    j = json.load(open(sys.argv[1]))["containers"][0]
+    print(eval(sys.argv[2]))
+except Exception as e:
+    print("unreadable: %s" % e)' "$work/region.json" "$1"
+}
+wait_line() { local i; for i in $(seq 1 160); do grep -qE '^(granted|refused|error) ' "$1" && return 0; sleep 0.25; done; return 1; }
+hami_env=$(grep -v '^HAMI_' "$hami_file" | tr '\n' ' ')
+if ! want regions; then
+  :
+elif [ -x "$bin/hami-limits" ]; then
+  echo "== the shared region, read back"
+  "$bin/hami-limits" region --layout > "$work/layout.json"
+  fresh_ctr
+  region_read
+  rcheck "a fresh container folder" no-region "$(rq 'j["verdict"]["verdict"]')"
+  # The entrypoint (HAMi's variables in its environment) holds 1000 MiB; an env-less process of
+  # another user holds 500 MiB; meanwhile the region and nvidia-smi are read.
+  # shellcheck disable=SC2086
+  in_ctr root env -i $hami_env "$work/probe" runtime 1000 25 > "$work/r-entry.out" 2>&1 &
+  r_entry=$!
+  wait_line "$work/r-entry.out" || true
+  in_ctr nobody env -i "$work/probe" runtime 500 25 > "$work/r-envless.out" 2>&1 &
+  r_envless=$!
+  wait_line "$work/r-envless.out" || true
+  sleep 6 # HAMi-core's watcher fills in the host PIDs
+  region_read
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$work/smi-apps.csv" 2>/dev/null || true
+  cp "$work/region.json" "$work/region-joint.json"
+  rcheck "entrypoint holds 1000 MiB, env-less process (nobody) 500 MiB: verdict" capped "$(rq 'j["verdict"]["verdict"]')" \
+    "stamped $(rq 'j["verdict"]["gpus"][0]["stamped_limit"] >> 20') MiB, file $(rq '(j["verdict"]["gpus"][0]["file_limit"] or 0) >> 20') MiB, SM stamped $(rq 'j["verdict"]["gpus"][0]["stamped_sm"]') file $(rq 'j["verdict"]["gpus"][0]["file_sm"]'), switch $(rq 'j["verdict"]["utilization"]["stamped_switch"]')"
+  rcheck "processes in the region" 2 "$(rq 'j["verdict"]["gpus"][0]["processes"]')" \
+    "slots (pid/host pid): $(rq '" ".join("%d/%d" % (s["pid"], s["hostpid"]) for s in j["verdict"]["slots"])')"
+  # The region's usage per host PID against nvidia-smi's, within one CUDA context.
+  cmp=$(python3 - "$work/region-joint.json" "$work/smi-apps.csv" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["containers"][0]
+smi = {}
+for line in open(sys.argv[2]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+        smi[int(parts[0])] = int(parts[1])
+procs = (j.get("region") or {}).get("procs") or []
+out, worst = [], 0
+for p in procs:
+    host = p.get("hostpid") or 0
+    used = p.get("used") or []
+    total = sum((u.get("total") if isinstance(u, dict) else 0) or 0 for u in used) >> 20
+    s = smi.get(host)
+    out.append("pid %s host %s: region %s MiB, nvidia-smi %s MiB" % (p.get("pid"), host, total, s))
+    if s is not None:
+        worst = max(worst, abs(s - total))
+    else:
+        worst = max(worst, 10**6)
+print("%d|%s" % (worst, "; ".join(out) or "no processes in the region JSON"))
+PY
+)
+  worst=${cmp%%|*}
+  within=no; [ "$worst" -le 600 ] && within=yes
+  rcheck "region usage = nvidia-smi per process, within a CUDA context (600 MiB)" yes "$within" "${cmp#*|}"
+  wait "$r_entry" "$r_envless" 2>/dev/null || true
+  # HAMi#2125: a process with the region's path but no limit and no preload library stamps 0.
+  fresh_ctr
+  IN_CTR_LIST="$hami_only" in_ctr root env -i "CUDA_DEVICE_MEMORY_SHARED_CACHE=$vgpu/usage.cache" "$work/probe" runtime 100 > "$work/case.out" 2>&1 || true
+  region_read
+  rcheck "seeded by a process with no variables and no preload library" uncapped "$(rq 'j["verdict"]["verdict"]')" "stamped $(rq 'j["verdict"]["gpus"][0]["stamped_limit"]') bytes; file $(rq '(j["verdict"]["gpus"][0]["file_limit"] or 0) >> 20') MiB"
+  in_ctr root env -i "$work/probe" runtime 4096 > "$work/case.out" 2>&1 || true
+  out=$(probe_line "$work/case.out" || true)
+  rcheck "then an env-less process under the preload library asks 4096 MiB (the region's 0 wins)" granted "${out%% *}" "${out#* }"
+  fresh_ctr
+  IN_CTR_LIST="$hami_only" in_ctr root env -i "CUDA_DEVICE_MEMORY_SHARED_CACHE=$vgpu/usage.cache" CUDA_DEVICE_MEMORY_LIMIT_0=1000m CUDA_DEVICE_SM_LIMIT=50 "$work/probe" runtime 100 > "$work/case.out" 2>&1 || true
+  region_read
+  rcheck "seeded by a process with other values (1000 MiB, SM 50)" mismatch "$(rq 'j["verdict"]["verdict"]')" "stamped $(rq 'j["verdict"]["gpus"][0]["stamped_limit"] >> 20') MiB / SM $(rq 'j["verdict"]["gpus"][0]["stamped_sm"]'); mismatched: $(rq '",".join(j["verdict"]["gpus"][0]["mismatched"])')"
+  fresh_ctr
+  in_ctr nobody env -i "$work/probe" runtime 100 > "$work/case.out" 2>&1 || true
+  region_read
+  # HAMi-core leaves the slot of a process that exited until the next process's start clears it:
+  # the container is `stale` (its old usage still counted), with the file's limits stamped.
+  rcheck "seeded by an env-less process under the preload library, which then exited" "stale True" \
+    "$(rq 'j["verdict"]["verdict"] + " " + str(j["verdict"]["gpus"][0]["stamped_limit"] == j["verdict"]["gpus"][0]["file_limit"] and j["verdict"]["gpus"][0]["stamped_sm"] == j["verdict"]["gpus"][0]["file_sm"])')" \
+    "stamped $(rq 'j["verdict"]["gpus"][0]["stamped_limit"] >> 20') MiB / SM $(rq 'j["verdict"]["gpus"][0]["stamped_sm"]'); slots $(rq 'len(j["verdict"]["slots"])')"
+  in_ctr nobody env -i "$work/probe" runtime 100 30 > "$work/r-live.out" 2>&1 &
+  r_live=$!
+  wait_line "$work/r-live.out" || true
+  sleep 6
+  region_read
+  rcheck "a second process running (the first one's slot cleared)" capped "$(rq 'j["verdict"]["verdict"]')" "slots $(rq 'len(j["verdict"]["slots"])')"
+  kill "$r_live" 2>/dev/null || true; wait "$r_live" 2>/dev/null || true
+  if [ -n "${HAMI_REGION_EXPORTER:-}" ]; then
+    # The exporter's own text for the same folder (HAMI_REGION_EXPORTER: a command printing it).
+    $HAMI_REGION_EXPORTER "$hook" > "$work/exporter.txt" 2>&1 || true
+    rcheck "the exporter reports the last container capped" yes "$(grep -q 'verdict="capped"} 1' "$work/exporter.txt" && echo yes || echo no)" "$(grep -c . "$work/exporter.txt") lines"
+  fi
+else
+  echo "(no $bin/hami-limits: the region checks are skipped)"
+  rrows+=("| region checks | - | skipped: no hami-limits in --bin | | **SKIPPED** |")
+  failures=$((failures + 1))
+fi
+
+if want sm; then
+# --- the SM limit: when does HAMi-core's compute limiter engage? ----------------------------
+# Series of SM_RUNS runs of a busy kernel (1,500 launches) under the HAMi file's SM limit (30),
+# each series from a fresh region: the entrypoint (HAMi's variables), an env-less process under the
+# preload library, and an env-less process after a warm-up process initialised the region. A run
+# is throttled when it takes more than 1.5 x the unthrottled median. HAMi-core's log
+# (LIBCUDA_LOG_LEVEL=4) shows whether it found the host PID and what switch it read.
+srows=()
+sm_runs=${SM_RUNS:-12}
+"$cuda/bin/nvcc" -O1 -o "$work/sm_probe" "$here/sm_probe.cu" || die "nvcc failed (sm_probe)"
+sm_args=(1500 1000000)
+{ grep -v '^CUDA_DEVICE_SM_LIMIT=' "$hami_file"; } > "$work/no-sm.limits"
+{ cat "$hami_file"; echo "LIBCUDA_LOG_LEVEL=4"; } | sort > "$work/sm-log.limits"
+sm_once() { # LABEL -> appends "ms|pidfound|switch" to $work/sm.out from $work/sm-case.out
+  local ms pid sw
+  ms=$(sed -n 's/^elapsed_ms=\([0-9.]*\).*/\1/p' "$work/sm-case.out" | tail -n 1)
+  pid=yes; grep -q "SET_TASK_PID FAILED" "$work/sm-case.out" && pid=no
+  sw=$(grep -o 'util_switch=[0-9]*' "$work/sm-case.out" | head -n 1 | cut -d= -f2)
+  echo "${ms:-?}|$pid|${sw:--}"
+}
+base=()
+for i in 1 2 3; do
+  fresh_ctr
+  IN_CTR_FILE="$work/no-sm.limits" in_ctr root env -i "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true
+  base+=("$(sm_once | cut -d'|' -f1)")
+done
+base_ms=$(printf '%s\n' "${base[@]}" | sort -n | sed -n 2p)
+echo "SM: unthrottled runs ${base[*]} ms (median $base_ms)"
+sm_series() { # NAME MODE
+  local name=$1 mode=$2 i line ms thr n=0 runs=() slots
+  fresh_ctr
+  if [ "$mode" = warm ]; then IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i "$work/probe" runtime 10 > /dev/null 2>&1 || true; fi
+  for i in $(seq 1 "$sm_runs"); do
+    case "$mode" in fresh-*) fresh_ctr;; esac
+    # The slots in the region before this run (a process that exited leaves its slot).
+    slots=0
+    if [ -x "$bin/hami-limits" ]; then region_read; slots=$(rq 'len(j["verdict"]["slots"])' 2>/dev/null); fi
+    case "$mode" in
+      entry|fresh-entry) # shellcheck disable=SC2086
+        IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i $hami_env LIBCUDA_LOG_LEVEL=4 "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
+      *) IN_CTR_FILE="$work/sm-log.limits" in_ctr root env -i "$work/sm_probe" "${sm_args[@]}" > "$work/sm-case.out" 2>&1 || true;;
+    esac
+    line=$(sm_once); ms=${line%%|*}
+    thr=no
+    python3 -c "import sys; sys.exit(0 if float('$ms') > 1.5 * float('$base_ms') else 1)" 2>/dev/null && thr=yes
+    [ $thr = yes ] && n=$((n + 1))
+    runs+=("$i:${ms}ms/$thr/pid=$(cut -d'|' -f2 <<<"$line")/sw=$(cut -d'|' -f3 <<<"$line")/slots=$slots")
+  done
+  srows+=("| $name | $n of $sm_runs | ${runs[*]} |")
+  echo "SM: $name: throttled $n of $sm_runs: ${runs[*]}"
+}
+echo "== SM limit 30: series of $sm_runs (unthrottled median $base_ms ms)"
+sm_series "entrypoint (HAMi's variables in its environment), fresh region" entry
+sm_series "env-less process under the preload library, fresh region" envless
+sm_series "env-less process under the preload library, region initialised by a warm-up process" warm
+sm_series "entrypoint, a fresh region for every run" fresh-entry
+sm_series "env-less process under the preload library, a fresh region for every run" fresh-envless
+fi
 
 # --- per-exec cost: a plain exec, an empty library, ours, libvgpu.so alone, both --------------
+if want bench; then
 echo "== per-exec cost (bench/preload/run.sh)"
 LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   LIB_BEFORE="${HAMI_PRELOAD_BEFORE:-}" RUNS="${BENCH_RUNS:-5}" N="${BENCH_N:-2000}" \
   "$repo/bench/preload/run.sh" > "$work/preload-bench.log" 2>&1 \
   || { tail -n 20 "$work/preload-bench.log" >&2; echo "(bench/preload/run.sh failed: see above)" > "$work/preload-bench.md"; failures=$((failures + 1)); }
+fi
 
 {
   echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader -i 0); $("$cuda/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/CUDA \1/p'); HAMi-core $hami_rev (unmodified); hami-limits ${HAMI_LIMITS_REV:-$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
@@ -371,7 +560,23 @@ LIB="$bin/libhami_preload.so" LIBVGPU="$hami_lib" OUT="$work/preload-bench.md" \
   echo "|---|---|---|---|---|---|"
   printf '%s\n' "${frows[@]}"
   echo
-  sed 's/^# /### /' "$work/preload-bench.md"
+  echo "### The shared region read back (hami-limits region)"
+  echo
+  echo "The same folder; \`hami-limits region <folder> --limits <file> --json --pids host\` after each step. Layout the reader assumes: $(tr -d '\n' < "$work/layout.json" 2>/dev/null | cut -c1-400)"
+  echo
+  echo "| check | expected | got | detail | |"
+  echo "|---|---|---|---|---|"
+  printf '%s\n' "${rrows[@]}"
+  echo
+  echo "### SM limit 30: when HAMi-core throttles"
+  echo
+  echo "Busy kernel, ${sm_args[0]} launches; unthrottled runs (no SM limit): ${base[*]} ms; throttled = over 1.5 x $base_ms ms. Per run: time / throttled / host PID found (no \`SET_TASK_PID FAILED\`) / the utilization switch HAMi-core's watcher read (- = its watcher logged none) / the slots in the region before the run (\`hami-limits region\`)."
+  echo
+  echo "| series | throttled | runs |"
+  echo "|---|---|---|"
+  printf '%s\n' "${srows[@]}"
+  echo
+  if [ -f "$work/preload-bench.md" ]; then sed 's/^# /### /' "$work/preload-bench.md"; fi
 } > "$work/report.md"
 echo; cat "$work/report.md"
 [ -z "$report" ] || cp "$work/report.md" "$report"

@@ -11,6 +11,9 @@ use hami_webhook::{Outcome, Settings, review};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
+#[path = "support/offline_online.rs"]
+mod offline_online;
+
 const HAMI_POD: &str = include_str!("fixtures/hami-pod.json");
 const PLAIN_POD: &str = include_str!("fixtures/plain-pod.json");
 
@@ -54,6 +57,7 @@ struct Answer {
 }
 
 fn run(review_json: &Value, settings: &Settings) -> Answer {
+    offline_online::check_review("decide_table", review_json, settings, &NoBasis);
     let body = serde_json::to_vec(review_json).unwrap();
     let reviewed = review(&body, settings, &NoBasis).unwrap();
     let out: Value = serde_json::from_slice(&reviewed.body).unwrap();

@@ -10,6 +10,9 @@ use hami_webhook::{Outcome, Settings, review};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 
+#[path = "support/offline_online.rs"]
+mod offline_online;
+
 const HAMI_POD: &str = include_str!("fixtures/hami-pod.json");
 const HAMI_DEVICE_CONFIG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -28,6 +31,7 @@ fn object_mut<'a>(review: &'a mut Value, pointer: &str) -> &'a mut Value {
 
 /// (outcome, patch ops, warnings, patched object).
 fn run(review_json: &Value, settings: &Settings) -> (Outcome, Vec<Value>, Vec<String>, Value) {
+    offline_online::check_review("hami_defaults", review_json, settings, &NoBasis);
     let body = serde_json::to_vec(review_json).unwrap();
     let reviewed = review(&body, settings, &NoBasis).unwrap();
     let out: Value = serde_json::from_slice(&reviewed.body).unwrap();

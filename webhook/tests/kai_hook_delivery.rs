@@ -13,6 +13,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
+#[path = "support/offline_online.rs"]
+mod offline_online;
+
 const SMALL: &str = include_str!("fixtures/kai-fraction-small.json");
 const PRELOAD: &str = "hami.io/preload";
 
@@ -38,6 +41,7 @@ fn settings() -> Settings {
 }
 
 fn decide(pod: &Value, settings: &Settings) -> Decision {
+    offline_online::check_in("kai_hook_delivery", pod, "ml-team", settings, &NoBasis);
     let bytes = serde_json::to_vec(pod).unwrap();
     let view: hami_webhook::wire::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
     decide_pod(&view, Some("ml-team"), settings, &NoBasis)

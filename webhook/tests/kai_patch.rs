@@ -17,6 +17,9 @@ use hami_webhook::{Decision, Observation, decide_pod};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{Value, json};
 
+#[path = "support/offline_online.rs"]
+mod offline_online;
+
 const SMALL: &str = include_str!("fixtures/kai-fraction-small.json");
 const LARGE: &str = include_str!("fixtures/kai-fraction-large.json");
 
@@ -84,6 +87,7 @@ fn decide(pod: &Value, settings: &Settings) -> Decision {
 }
 
 fn decide_with(pod: &Value, settings: &Settings, vram: &dyn VramBasis) -> Decision {
+    offline_online::check_in("kai_patch", pod, "ml-team", settings, vram);
     let bytes = serde_json::to_vec(pod).unwrap();
     let view: hami_webhook::wire::pod::Pod<'_> = serde_json::from_slice(&bytes).unwrap();
     decide_pod(&view, Some("ml-team"), settings, vram)

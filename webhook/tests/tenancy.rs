@@ -11,6 +11,9 @@ use hami_webhook::policy::basis::NoBasis;
 use hami_webhook::{Outcome, Settings, review};
 use serde_json::{Value, json};
 
+#[path = "support/offline_online.rs"]
+mod offline_online;
+
 const NS: &str = "tenant-a";
 const SCHEDULER: &str = "system:serviceaccount:kube-system:hami-scheduler";
 
@@ -42,6 +45,7 @@ struct Answer {
 }
 
 fn run(review_json: &Value, settings: &Settings) -> Answer {
+    offline_online::check_review("tenancy", review_json, settings, &NoBasis);
     let body = serde_json::to_vec(review_json).unwrap();
     let reviewed = review(&body, settings, &NoBasis).unwrap();
     let out: Value = serde_json::from_slice(&reviewed.body).unwrap();

@@ -114,37 +114,7 @@ pub enum DryRunError {
 /// The largest pod file `plan` reads: well above the API server's 3 MiB request limit.
 pub const MAX_POD_FILE_BYTES: u64 = 8 << 20;
 /// The deepest nesting of `[` / `{` a pod file may have (a real Pod is under 20 levels deep).
-pub const MAX_POD_FILE_DEPTH: usize = 256;
-
-/// The deepest nesting of flow collections (`[`, `{`) outside quoted strings: a cheap scan that
-/// refuses pathological input before a parser recurses into it.
-fn flow_depth(text: &str) -> usize {
-    let (mut depth, mut max, mut quote) = (0usize, 0usize, None::<u8>);
-    let mut escaped = false;
-    for b in text.bytes() {
-        match quote {
-            Some(q) => {
-                if escaped {
-                    escaped = false;
-                } else if b == b'\\' && q == b'"' {
-                    escaped = true;
-                } else if b == q {
-                    quote = None;
-                }
-            }
-            None => match b {
-                b'"' | b'\'' => quote = Some(b),
-                b'[' | b'{' => {
-                    depth += 1;
-                    max = max.max(depth);
-                }
-                b']' | b'}' => depth = depth.saturating_sub(1),
-                _ => {}
-            },
-        }
-    }
-    max
-}
+pub const MAX_POD_FILE_DEPTH: usize = hami_shared::manifest::MAX_FLOW_DEPTH;
 
 /// Reads a pod from YAML or JSON: a document with `kind: Pod`, at most
 /// [`MAX_POD_FILE_BYTES`] and nested at most [`MAX_POD_FILE_DEPTH`] deep.
@@ -170,7 +140,7 @@ pub fn read_pod(path: &Path) -> Result<Pod, DryRunError> {
             "the file is empty: expected a Pod (kubectl get pod NAME -o yaml)".to_owned(),
         ));
     }
-    let depth = flow_depth(&text);
+    let depth = hami_shared::manifest::flow_depth(text.as_bytes());
     if depth > MAX_POD_FILE_DEPTH {
         return Err(refuse(format!(
             "nested {depth} levels deep (at most {MAX_POD_FILE_DEPTH}): not a pod"

@@ -94,7 +94,7 @@ struct MutateArgs {
     config: ConfigArg,
     #[command(flatten)]
     vram: VramArgs,
-    /// The Pod (YAML or JSON); `-` for stdin.
+    /// The Pod (YAML or JSON, one document, as `kubectl get pod -o yaml` prints it); `-` for stdin.
     #[arg(short = 'f', long = "file")]
     file: PathBuf,
     /// Print the JSONPatch instead of the mutated pod.

@@ -7,12 +7,14 @@
 //! - [`tls`]: certificate loading and hot reload; [`metrics`]: the server's metrics;
 //! - [`vram`]: the per-GPU VRAM basis from the cluster's nodes (index, watch, metrics, sources);
 //! - [`offline_commands`]: `review` and `mutate`, as functions over bytes;
+//! - [`pod_manifest`]: a Pod manifest (YAML or JSON) read as `review` reads `request.object`;
 //! - [`dev_mode`]: `serve --dev`'s throwaway certificates and example review.
 
 pub mod app;
 pub mod dev_mode;
 pub mod metrics;
 pub mod offline_commands;
+pub mod pod_manifest;
 pub mod server;
 pub mod settings_load;
 pub mod tls;

@@ -7,8 +7,8 @@ use crate::policy::basis::VramBasis;
 use crate::policy::decide::decide_pod;
 use crate::policy::mutation::{Decision, ProjectedFile};
 use crate::policy::settings::Settings;
+use crate::shell::pod_manifest;
 use crate::wire::patch::PatchOp;
-use crate::wire::pod::Pod;
 
 /// What a command prints and how it exits.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,8 +45,9 @@ pub enum MutateOutput {
     Patch,
 }
 
-/// `hami-webhook mutate`: a Pod (YAML or JSON) in; the mutated pod (or the patch) on stdout, the
-/// warnings or the denial on stderr; exit 1 when denied, 2 when the input is not a pod.
+/// `hami-webhook mutate`: a Pod (YAML or JSON, one document: [`pod_manifest::read`]) in; the
+/// mutated pod (or the patch) on stdout, the warnings or the denial on stderr; exit 1 when denied,
+/// 2 when the input is not a pod.
 #[must_use]
 pub fn mutate_command(
     input: &[u8],
@@ -59,16 +60,17 @@ pub fn mutate_command(
         stderr: format!("hami-webhook mutate: {message}\n"),
         code: 2,
     };
-    let object = match pod_object(input) {
-        Ok(o) => o,
-        Err(e) => return fail(e),
+    let manifest = match pod_manifest::read(input) {
+        Ok(m) => m,
+        Err(e) => return fail(e.to_string()),
     };
-    // The typed pod straight from the user's text, so that an error names the user's line and
-    // column (not a column of an internal JSON form).
-    let pod: Pod<'_> = match serde_yaml_ng::from_slice(input) {
+    // The view `review` decodes from `request.object`, decoded by the same code from the JSON the
+    // API server would send: offline and online read every pod alike.
+    let pod = match manifest.pod(input) {
         Ok(p) => p,
-        Err(e) => return fail(format!("not a valid Pod: {e}")),
+        Err(e) => return fail(e.to_string()),
     };
+    // Where the API server would fill in the request's namespace, kubectl's default.
     let namespace = pod
         .metadata
         .namespace
@@ -91,7 +93,7 @@ pub fn mutate_command(
                 MutateOutput::Patch => serde_json::to_string_pretty(&patch)
                     .map(|s| s + "\n")
                     .map_err(|e| e.to_string()),
-                MutateOutput::Pod => mutated_pod(object, &patch),
+                MutateOutput::Pod => mutated_pod(manifest.object.clone(), &patch),
             };
             let stdout = match stdout {
                 Ok(s) => s,
@@ -104,20 +106,6 @@ pub fn mutate_command(
             }
         }
     }
-}
-
-/// The input as a JSON value, checked to be a Pod, with its quantities as strings.
-fn pod_object(input: &[u8]) -> Result<Value, String> {
-    // YAML is a superset of JSON, so one parser reads both.
-    let mut object: Value =
-        serde_yaml_ng::from_slice(input).map_err(|e| format!("input is not YAML or JSON: {e}"))?;
-    if object.get("kind").and_then(Value::as_str) != Some("Pod") {
-        return Err("input is not a Pod (kind: Pod)".to_owned());
-    }
-    // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it (the typed
-    // pod reads it as "1"; the object the patch applies to gets the string too, as kubectl sends).
-    hami_shared::manifest::quantities_as_strings(&mut object);
-    Ok(object)
 }
 
 /// The pod with `patch` applied, as YAML.

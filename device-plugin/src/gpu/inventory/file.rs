@@ -269,7 +269,8 @@ fn inventory_gpu(entry: FileGpu, position: usize, earlier: &[Gpu]) -> Result<Gpu
     })
 }
 
-/// The checks of one entry on its own: the UUID's form, a positive `memoryMib`, a name.
+/// The checks of one entry on its own: the UUID's form, a positive `memoryMib`, a name, a NUMA
+/// node of 0 or more.
 fn check_entry_fields(entry: &FileGpu) -> Result<(), String> {
     let uuid_ok = !entry.uuid.is_empty()
         && entry.uuid.len() <= MAX_UUID_LEN
@@ -289,6 +290,13 @@ fn check_entry_fields(entry: &FileGpu) -> Result<(), String> {
     }
     if entry.name.trim().is_empty() {
         return Err("name must not be empty".to_owned());
+    }
+    // kubelet's TopologyManager takes the id as a NUMA node; sysfs' -1 (no affinity) is left out,
+    // as the NVML backend leaves it out.
+    if let Some(numa) = entry.numa_node.filter(|n| *n < 0) {
+        return Err(format!(
+            "numaNode {numa} is not a NUMA node: give 0 or more, or leave it out for a GPU without NUMA affinity"
+        ));
     }
     Ok(())
 }

@@ -265,6 +265,10 @@ mod tests {
                 "- {uuid: GPU-a, name: x, memoryMib: 1, minor: -1}\n",
                 "minor",
             ),
+            (
+                "- {uuid: GPU-a, name: x, memoryMib: 1, numaNode: -1}\n",
+                "GPU #0 (\"GPU-a\"): numaNode -1 is not a NUMA node: give 0 or more, or leave it out",
+            ),
         ] {
             let err = parse_inventory(Path::new("i.yaml"), text).unwrap_err();
             let message = err.to_string();
