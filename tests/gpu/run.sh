@@ -377,6 +377,14 @@ try:
 except Exception as e:
     print("unreadable: %s" % e)' "$work/region.json" "$1"
 }
+exporter_check() { # NAME VERDICT: the exporter's text for the hook (HAMI_REGION_EXPORTER, or the
+  # plugin's `regions` one-shot when --bin has it) names the container with VERDICT.
+  local cmd=${HAMI_REGION_EXPORTER:-"$bin/hami-device-plugin regions --pids host --hook-path"} line
+  # shellcheck disable=SC2086
+  $cmd "$hook" > "$work/exporter.txt" 2>&1 || true
+  line=$(grep '^hami_limits_region_cap_verdict{' "$work/exporter.txt" | head -n 1)
+  rcheck "$1" "$2" "$(sed -n 's/.*verdict="\([a-z-]*\)".*/\1/p' <<<"$line")" "$(grep -E '^hami_limits_region_(stamped_limit_bytes|file_limit_bytes|used_bytes|processes)\{' "$work/exporter.txt" | sed 's/{.*}//' | tr '\n' ' ')"
+}
 wait_line() { local i; for i in $(seq 1 160); do grep -qE '^(granted|refused|error) ' "$1" && return 0; sleep 0.25; done; return 1; }
 hami_env=$(grep -v '^HAMI_' "$hami_file" | tr '\n' ' ')
 if ! want regions; then
@@ -437,6 +445,7 @@ PY
   IN_CTR_LIST="$hami_only" in_ctr root env -i "CUDA_DEVICE_MEMORY_SHARED_CACHE=$vgpu/usage.cache" "$work/probe" runtime 100 > "$work/case.out" 2>&1 || true
   region_read
   rcheck "seeded by a process with no variables and no preload library" uncapped "$(rq 'j["verdict"]["verdict"]')" "stamped $(rq 'j["verdict"]["gpus"][0]["stamped_limit"]') bytes; file $(rq '(j["verdict"]["gpus"][0]["file_limit"] or 0) >> 20') MiB"
+  exporter_check "the exporter (hami-device-plugin regions) on the same folder" uncapped
   in_ctr root env -i "$work/probe" runtime 4096 > "$work/case.out" 2>&1 || true
   out=$(probe_line "$work/case.out" || true)
   rcheck "then an env-less process under the preload library asks 4096 MiB (the region's 0 wins)" granted "${out%% *}" "${out#* }"
@@ -458,12 +467,8 @@ PY
   sleep 6
   region_read
   rcheck "a second process running (the first one's slot cleared)" capped "$(rq 'j["verdict"]["verdict"]')" "slots $(rq 'len(j["verdict"]["slots"])')"
+  exporter_check "the exporter (hami-device-plugin regions) on the same folder" capped
   kill "$r_live" 2>/dev/null || true; wait "$r_live" 2>/dev/null || true
-  if [ -n "${HAMI_REGION_EXPORTER:-}" ]; then
-    # The exporter's own text for the same folder (HAMI_REGION_EXPORTER: a command printing it).
-    $HAMI_REGION_EXPORTER "$hook" > "$work/exporter.txt" 2>&1 || true
-    rcheck "the exporter reports the last container capped" yes "$(grep -q 'verdict="capped"} 1' "$work/exporter.txt" && echo yes || echo no)" "$(grep -c . "$work/exporter.txt") lines"
-  fi
 else
   echo "(no $bin/hami-limits: the region checks are skipped)"
   rrows+=("| region checks | - | skipped: no hami-limits in --bin | | **SKIPPED** |")
