@@ -198,7 +198,9 @@ SCENARIOS: dict[str, dict] = {
             "tolerations": [{"key": "kai.example.com/gpu", "operator": "Equal", "value": "shared", "effect": "NoSchedule"}],
             "priorityClassName": "",
             "resources": {"requests": {"cpu": "2m", "memory": "4Mi"}, "limits": {"memory": "12Mi"}},
+            "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         },
+        "regionExport": {"interval": 15, "alert": {"enabled": True, "labels": {"role": "alert-rules"}}},
     },
     # The hostPath layout of earlier releases: the hook installer only sleeps once it has installed.
     "kai-host-path": {
@@ -607,9 +609,16 @@ def check_metrics_services(rendered: dict[str, str], scenario: str, overrides: d
     monitors = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ServiceMonitor"}
     templates = pod_templates(objs)
     wanted = set()
-    for section, component in (("devicePlugin", "device-plugin"), ("webhook", "webhook")):
+    for section, component in (("devicePlugin", "device-plugin"), ("webhook", "webhook"), ("hookInstaller", "hook-installer")):
         values = overrides.get(section, {})
-        enabled = values.get("enabled", True)
+        enabled = values.get("enabled", section != "hookInstaller")
+        preload = overrides.get("webhook", {}).get("kai", {}).get("hookDelivery", "device-plugin") == "device-plugin"
+        if section == "hookInstaller" and enabled:
+            svc = next((s for s in services if s["metadata"]["name"] == f"{PREFIX}-hook-installer-metrics"), None)
+            expect((svc is not None) == preload, f"{scenario}: hook installer metrics Service {'missing' if preload else 'without the preload-plugin'}")
+            enabled = preload
+            if svc is not None:
+                expect(svc["spec"].get("clusterIP") == "None", f"{scenario}: the hook installer's metrics Service is not headless")
         if section == "devicePlugin" and enabled:
             svc = next((s for s in services if s["metadata"]["name"] == f"{PREFIX}-device-plugin-metrics"), None)
             expect(svc is not None, f"{scenario}: no device plugin metrics Service")

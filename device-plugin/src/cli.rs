@@ -182,6 +182,10 @@ pub enum Command {
     /// it exits (at start) or fails the container's start (Allocate), naming the file.
     #[command(verbatim_doc_comment)]
     ServePreload(crate::commands::serve_preload::ServePreloadArgs),
+    /// Print, once, what the region exporter says of this node's HAMi container folders
+    /// (HOOK/vgpu/containers): the Prometheus text `/metrics` serves for them, each container's
+    /// shared region judged against its limits file (docs/operator-guide.md, "Is my cap in force?").
+    Regions(crate::commands::regions::RegionsArgs),
 }
 
 impl Command {
@@ -191,7 +195,7 @@ impl Command {
             Self::Run(args) => Some(&mut args.source.node_name),
             Self::Inventory(args) => Some(&mut args.source.node_name),
             Self::Plan(args) => Some(&mut args.node),
-            Self::InstallHook(_) | Self::ServePreload(_) => None,
+            Self::InstallHook(_) | Self::ServePreload(_) | Self::Regions(_) => None,
         }
     }
 
@@ -200,7 +204,10 @@ impl Command {
         match self {
             Self::Run(args) => Some(&mut args.allocate.device_list),
             Self::Plan(args) => Some(&mut args.device_list),
-            Self::Inventory(_) | Self::InstallHook(_) | Self::ServePreload(_) => None,
+            Self::Inventory(_)
+            | Self::InstallHook(_)
+            | Self::ServePreload(_)
+            | Self::Regions(_) => None,
         }
     }
 
@@ -211,6 +218,7 @@ impl Command {
             Self::Plan(args) => Some(&mut args.hook_path),
             Self::InstallHook(args) => Some(&mut args.hook_path),
             Self::ServePreload(args) => Some(&mut args.hook_path),
+            Self::Regions(args) => Some(&mut args.hook_path),
             Self::Inventory(_) => None,
         }
     }
@@ -334,6 +342,9 @@ pub struct RunArgs {
     /// GPU start-up and health (HAMi's names).
     #[command(flatten)]
     pub gpu: GpuRunArgs,
+    /// The exporter of the containers' shared regions.
+    #[command(flatten)]
+    pub regions: crate::regions::export::RegionArgs,
 }
 
 /// `run`'s GPU start-up and health flags, named as HAMi v2.10's `cmd/device-plugin/nvidia/main.go`

@@ -22,4 +22,5 @@ pub mod gpu;
 pub mod kubelet;
 pub mod metrics;
 pub mod node_register;
+pub mod regions;
 pub mod settings;

@@ -98,6 +98,9 @@ fn main() -> ExitCode {
             Command::InstallHook(args) => install_hook::install_hook(&args)
                 .map_err(AppError::from)
                 .map(|report| print_install(&report)),
+            Command::Regions(args) => hami_device_plugin::commands::regions::regions(&args)
+                .map(|text| print!("{text}"))
+                .map_err(AppError::from),
             Command::ServePreload(args) => {
                 // As for `run`: a SIGTERM must not leave the socket behind.
                 let shutdown = hami_ops::shutdown_signal().map_err(AppError::Signals)?;

@@ -85,6 +85,8 @@ pub struct Metrics {
     delivery: Family<Label2, Counter>,
     pod_lookups: Family<Label, Counter>,
     stale_pod_retries: Counter,
+    /// The region exporter's metrics (their own prefix), once it runs.
+    regions: std::sync::OnceLock<Registry>,
 }
 
 impl Default for Metrics {
@@ -114,6 +116,7 @@ impl Metrics {
             delivery: Family::default(),
             pod_lookups: Family::default(),
             stale_pod_retries: Counter::default(),
+            regions: std::sync::OnceLock::new(),
         };
         hami_ops::register_build_info(
             &mut metrics.registry,
@@ -379,9 +382,24 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// Exposes `registry` (the region exporter's, prefix `hami_limits_region`) after the
+    /// plugin's own metrics; the first one set stays.
+    pub fn set_regions(&self, registry: Registry) {
+        let _ = self.regions.set(registry);
+    }
+}
+
 impl Exposed for Metrics {
     fn registry(&self) -> &Registry {
         &self.registry
+    }
+
+    fn encode_as(&self, format: hami_ops::Exposition) -> String {
+        match self.regions.get() {
+            Some(regions) => hami_ops::encode_all(&[&self.registry, regions], format),
+            None => hami_ops::encode(&self.registry, format),
+        }
     }
 }
 

@@ -152,6 +152,13 @@ pub trait Exposed {
 /// ([`process::ProcessCollector`], unprefixed, as every Prometheus client library names them).
 #[must_use]
 pub fn encode(registry: &Registry, format: Exposition) -> String {
+    encode_all(&[registry], format)
+}
+
+/// [`encode`] of several registries (a program's own and, e.g., one of collectors with another
+/// prefix), in order, followed by the `process_*` metrics.
+#[must_use]
+pub fn encode_all(registries: &[&Registry], format: Exposition) -> String {
     // Unprefixed, and built once: the collector reads `/proc/self` at each encoding.
     static PROCESS: std::sync::LazyLock<Registry> = std::sync::LazyLock::new(|| {
         let mut process = Registry::default();
@@ -163,12 +170,16 @@ pub fn encode(registry: &Registry, format: Exposition) -> String {
     // Writing into a String cannot fail.
     match format {
         Exposition::OpenMetrics => {
-            let _ = prometheus_client::encoding::text::encode_registry(&mut out, registry);
+            for registry in registries {
+                let _ = prometheus_client::encoding::text::encode_registry(&mut out, registry);
+            }
             let _ = prometheus_client::encoding::text::encode_registry(&mut out, process);
             let _ = prometheus_client::encoding::text::encode_eof(&mut out);
         }
         Exposition::Prometheus => {
-            let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
+            for registry in registries {
+                let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
+            }
             let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, process);
         }
     }

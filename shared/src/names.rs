@@ -347,6 +347,17 @@ pub const NVIDIA_GPU_SOCKET: &str = "nvidia-gpu.sock";
 /// per preloaded container (`kai.hookDelivery: device-plugin`), and the hook installer serves it
 /// as a kubelet device plugin whose `Allocate` mounts the hook folder's files read-only.
 pub const RESOURCE_PRELOAD: &str = "hami.io/preload";
+/// Folder of `HOOK` (beside `HOOK/vgpu`, never inside it: a `hostPath` delivery mounts all of
+/// `HOOK/vgpu` into KAI pods) holding one region folder per `hami.io/preload` slot.
+pub const REGIONS_DIR: &str = "regions";
+/// Where a KAI container gets its slot's region folder (read-write); the webhook points
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` at `usage.cache` in it.
+pub const KAI_REGION_DIR: &str = "/var/lib/hami-limits/region";
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` of a KAI container with a slot folder.
+pub const KAI_SHARED_CACHE: &str = "/var/lib/hami-limits/region/usage.cache";
+/// Prefix of the webhook's annotations holding a KAI container's limits file
+/// (`limits.hami.io/<container>`).
+pub const ANNOTATION_LIMITS_PREFIX: &str = "limits.hami.io/";
 /// Socket file name of the `hami.io/preload` device plugin.
 pub const PRELOAD_SOCKET: &str = "hami-preload.sock";
 

@@ -15,11 +15,14 @@ use allocate_support::{Ctr, GPU_A, GPU_B, NODE, NS, WAIT, apply_webhook, dev, gp
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::app::RunOptions;
 use hami_device_plugin::cli::{Cli, Command};
+use hami_shared::region::fixture::{FixtureSlot, RegionFixture};
+use hami_shared::region::layout::V1_2;
 use hami_tests::apiserver::ApiServer;
 use hami_tests::kubelet::FakeKubelet;
 use hami_tests::run_command::RunCommand;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -144,7 +147,11 @@ async fn schedule(
 }
 
 fn run_args(hook: &Path, kubelet_dir: &Path, inventory: &Path) -> Command {
-    let args: Vec<std::ffi::OsString> = vec![
+    run_args_with(hook, kubelet_dir, inventory, &[])
+}
+
+fn run_args_with(hook: &Path, kubelet_dir: &Path, inventory: &Path, extra: &[&str]) -> Command {
+    let mut args: Vec<std::ffi::OsString> = vec![
         "hami-device-plugin".into(),
         "run".into(),
         "--node-name".into(),
@@ -167,6 +174,7 @@ fn run_args(hook: &Path, kubelet_dir: &Path, inventory: &Path) -> Command {
         "--metrics-listen".into(),
         "off".into(),
     ];
+    args.extend(extra.iter().map(std::ffi::OsString::from));
     Cli::parse_with_env(args, |name| std::env::var_os(name))
         .unwrap()
         .cli
@@ -456,4 +464,211 @@ async fn probes_and_counters_on_the_run_path() {
     assert!(!kubelet_dir.join("nvidia-gpu.sock").exists());
     // The listener closed with the plugin.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}
+
+/// A region as HAMi-core leaves it: `limit_mib` stamped on every GPU (0: none), one process
+/// using `used_mib` on GPU 0.
+fn region_bytes(limit_mib: u64, used_mib: u64) -> Vec<u8> {
+    let mut f = RegionFixture::new(&V1_2).with_limit_all(limit_mib << 20);
+    f.device_num = 1;
+    f.procs = vec![FixtureSlot::running(1, 0, 0, 300 << 20, used_mib << 20)];
+    f.bytes()
+}
+
+/// The region exporter on the `run` path: HAMi containers allocated by the real allocator, their
+/// regions written in HAMi-core's layout (a stub libvgpu.so cannot write one) into the folders
+/// the plugin made, and the verdicts, limits and usage on the plugin's `/metrics`, with one
+/// Warning Event on the uncapped pod.
+#[tokio::test]
+async fn region_verdicts_on_the_run_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = dir.path().join("hook");
+    hami_tests::hook::install_stand_in(&hook.join("vgpu")).unwrap();
+    let kubelet_dir = dir.path().join("kubelet");
+    std::fs::create_dir_all(&kubelet_dir).unwrap();
+    let inventory = dir.path().join("inventory.yaml");
+    std::fs::write(&inventory, INVENTORY).unwrap();
+    let server = ApiServer::start().await.unwrap();
+    server
+        .seed(&hami_tests::apiserver::fixtures::gpu_node(NODE, 0).unwrap())
+        .unwrap();
+    let Command::Run(args) = run_args_with(
+        &hook,
+        &kubelet_dir,
+        &inventory,
+        &["--region-interval", "0.05"],
+    ) else {
+        panic!("not run")
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let plugin = RunCommand::spawn(
+        args,
+        RunOptions {
+            client: Some(server.client()),
+            metrics_listener: Some(listener),
+        },
+        hami_device_plugin::app::make_allocate_handler,
+    );
+    let kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
+    kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    let mut client = kubelet.plugin().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(server.client(), NS);
+    let nodes: Api<Node> = Api::all(server.client());
+
+    let mut folders = Vec::new();
+    for (name, gpu, device) in [
+        ("capped", GPU_A, 0),
+        ("uncapped", GPU_B, 0),
+        ("idle", GPU_A, 1),
+    ] {
+        let pod = create_pending(
+            &pods,
+            gpu_pod(name, &[Ctr::gpu("main", 1000, 0)], json!({})),
+        )
+        .await;
+        schedule(&nodes, &pods, &pod, &[vec![dev(gpu, 1000, 0)]]).await;
+        client
+            .allocate(&[vec![format!("{gpu}-{device}")]])
+            .await
+            .unwrap();
+        folders.push(
+            hook.join("vgpu/containers")
+                .join(format!("{}_main", uid(&pod))),
+        );
+    }
+    // The plugin pre-creates each region empty; the containers' first processes write them.
+    for f in &folders {
+        assert_eq!(std::fs::read(f.join("usage.cache")).unwrap(), b"");
+    }
+    std::fs::write(folders[0].join("usage.cache"), region_bytes(1000, 700)).unwrap();
+    std::fs::write(folders[1].join("usage.cache"), region_bytes(0, 5000)).unwrap();
+
+    let series = |pod: &str, gpu: &str, verdict: &str| {
+        format!(
+            "hami_limits_region_cap_verdict{{node=\"{NODE}\",podnamespace=\"{NS}\",podname=\"{pod}\",ctrname=\"main\",gpu=\"{gpu}\",verdict=\"{verdict}\"}}"
+        )
+    };
+    let text = await_sample(addr, &series("uncapped", "0", "uncapped"), 1.0).await;
+    let labels = |pod: &str| {
+        format!(
+            "{{node=\"{NODE}\",podnamespace=\"{NS}\",podname=\"{pod}\",ctrname=\"main\",gpu=\"0\"}}"
+        )
+    };
+    for (s, want) in [
+        (series("capped", "0", "capped"), 1.0),
+        (series("idle", "", "no-region"), 1.0),
+        (
+            format!("hami_limits_region_stamped_limit_bytes{}", labels("capped")),
+            1000.0 * 1048576.0,
+        ),
+        (
+            format!("hami_limits_region_file_limit_bytes{}", labels("capped")),
+            1000.0 * 1048576.0,
+        ),
+        (
+            format!("hami_limits_region_used_bytes{}", labels("capped")),
+            700.0 * 1048576.0,
+        ),
+        (
+            format!("hami_limits_region_processes{}", labels("capped")),
+            1.0,
+        ),
+        (
+            format!(
+                "hami_limits_region_stamped_limit_bytes{}",
+                labels("uncapped")
+            ),
+            0.0,
+        ),
+        (
+            format!("hami_limits_region_file_limit_bytes{}", labels("uncapped")),
+            1000.0 * 1048576.0,
+        ),
+        (
+            format!(
+                "hami_limits_region_stamped_sm_limit_percent{}",
+                labels("capped")
+            ),
+            100.0,
+        ),
+        ("hami_limits_region_unowned_folders".to_owned(), 0.0),
+    ] {
+        assert_eq!(sample(&text, &s), Some(want), "{s} in\n{text}");
+    }
+    // The plugin's own metrics are still there, before the region's.
+    assert!(text.contains("hami_device_plugin_allocations_total"));
+
+    // One Warning Event on the uncapped pod, none on the others.
+    let events: Api<Event> = Api::namespaced(server.client(), NS);
+    let deadline = Instant::now() + WAIT;
+    let raised = loop {
+        let list = events
+            .list(&ListParams::default().fields("regarding.name=uncapped"))
+            .await
+            .unwrap()
+            .items;
+        let raised: Vec<Event> = list
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("GpuMemoryUncapped"))
+            .collect();
+        if !raised.is_empty() {
+            break raised;
+        }
+        assert!(Instant::now() < deadline, "no GpuMemoryUncapped Event");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(raised.len(), 1);
+    let e = &raised[0];
+    assert_eq!(e.type_.as_deref(), Some("Warning"));
+    let note = e.note.as_deref().unwrap_or_default();
+    assert!(
+        note.contains("stamped 0 (no limit) while the file says 1000 MiB"),
+        "{note}"
+    );
+    // Several scans later, still one.
+    let scanned = await_sample(addr, "hami_limits_region_last_scan_timestamp_seconds", 1.0).await;
+    let first = sample(&scanned, "hami_limits_region_last_scan_timestamp_seconds").unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, text) = get(addr, "/metrics").await;
+        if sample(&text, "hami_limits_region_last_scan_timestamp_seconds").unwrap() > first + 0.2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no new scan");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let again = events
+        .list(&ListParams::default().fields("regarding.name=uncapped"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("GpuMemoryUncapped"))
+        .count();
+    assert_eq!(again, 1, "the Event is raised once");
+    for quiet in ["capped", "idle"] {
+        let list = events
+            .list(&ListParams::default().fields(&format!("regarding.name={quiet}")))
+            .await
+            .unwrap()
+            .items;
+        assert!(
+            !list
+                .iter()
+                .any(|e| e.reason.as_deref().is_some_and(|r| r.starts_with("Gpu"))),
+            "{quiet}: {list:?}"
+        );
+    }
+
+    // The uncapped container's region is replaced by a link to the capped one's: refused.
+    std::fs::remove_file(folders[1].join("usage.cache")).unwrap();
+    std::os::unix::fs::symlink(
+        folders[0].join("usage.cache"),
+        folders[1].join("usage.cache"),
+    )
+    .unwrap();
+    await_sample(addr, &series("uncapped", "", "unreadable"), 1.0).await;
+
+    plugin.stop(WAIT).await.unwrap();
 }

@@ -14,6 +14,10 @@ use hami_device_plugin::commands::serve_preload::{
     ServePreloadArgs, ServePreloadError, lifecycle, preload_plugin,
 };
 use hami_device_plugin::kubelet::plugin;
+use hami_device_plugin::regions::export::{PidView, RegionArgs};
+use hami_device_plugin::regions::podresources::v1;
+use hami_shared::region::fixture::RegionFixture;
+use hami_shared::region::layout::V1_2;
 use hami_tests::kubelet::FakeKubelet;
 use tokio::sync::oneshot;
 
@@ -44,11 +48,23 @@ fn installed_hook(dir: &Path) -> PathBuf {
     hook
 }
 
+/// `serve-preload` without region folders (the KAI regions test turns them on).
 fn args(kubelet_dir: &Path, hook: &Path, slots: u32) -> ServePreloadArgs {
     ServePreloadArgs {
         hook_path: hook.to_path_buf(),
         kubelet_dir: kubelet_dir.to_path_buf(),
         slots,
+        regions: false,
+        metrics_listen: "off".to_owned(),
+        pod_resources_socket: kubelet_dir.join("pod-resources.sock"),
+        pod_api: false,
+        node_name: None,
+        region_export: RegionArgs {
+            interval: 0.0,
+            scrape_files: 32,
+            scrape_budget_ms: 500,
+            pids: PidView::None,
+        },
     }
 }
 
@@ -253,4 +269,176 @@ fn it_does_not_start_on_a_hook_folder_that_is_not_installed() {
     );
     let e = preload_plugin(&args(dir.path(), Path::new("relative/hook"), 4)).unwrap_err();
     assert_eq!(e.exit_code(), 2, "{e}");
+}
+
+/// kubelet's pod resources API as the region exporter reads it: a fixed `List` answer.
+struct PodResources(v1::ListPodResourcesResponse);
+
+#[tonic::async_trait]
+impl v1::pod_resources_lister_server::PodResourcesLister for PodResources {
+    async fn list(
+        &self,
+        _request: tonic::Request<v1::ListPodResourcesRequest>,
+    ) -> Result<tonic::Response<v1::ListPodResourcesResponse>, tonic::Status> {
+        Ok(tonic::Response::new(self.0.clone()))
+    }
+}
+
+fn holding(pod: &str, slot: &str) -> v1::PodResources {
+    v1::PodResources {
+        name: pod.to_owned(),
+        namespace: "kai-team".to_owned(),
+        containers: vec![v1::ContainerResources {
+            name: "main".to_owned(),
+            devices: vec![v1::ContainerDevices {
+                resource_name: "hami.io/preload".to_owned(),
+                device_ids: vec![slot.to_owned()],
+            }],
+        }],
+    }
+}
+
+async fn metrics(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    raw
+}
+
+/// KAI containers' regions: each container holding a slot gets the slot's folder, made anew and
+/// mounted read-write at /var/lib/hami-limits/region; the node exports the region written there,
+/// named by kubelet's pod-resources; a slot handed on is emptied first.
+#[tokio::test]
+async fn kai_regions_in_slot_folders_are_exported() {
+    let dir = tempfile::tempdir().unwrap();
+    let hook = installed_hook(dir.path());
+    let kubelet_dir = dir.path().join("device-plugins");
+    std::fs::create_dir(&kubelet_dir).unwrap();
+    let kubelet = FakeKubelet::start(&kubelet_dir).await.unwrap();
+    // kubelet's pod-resources socket.
+    let socket = dir.path().join("pod-resources.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let answer = v1::ListPodResourcesResponse {
+        pod_resources: vec![holding("kai-a", "preload-3"), holding("kai-b", "preload-7")],
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(
+                v1::pod_resources_lister_server::PodResourcesListerServer::new(PodResources(
+                    answer,
+                )),
+            )
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let mut a = args(&kubelet_dir, &hook, 16);
+    a.regions = true;
+    a.metrics_listen = port.to_string();
+    a.pod_resources_socket = socket;
+    a.node_name = Some("kai-node".to_owned());
+    a.region_export.interval = 0.05;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let served = tokio::spawn(async move {
+        hami_device_plugin::commands::serve_preload::serve_preload(&a, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    kubelet.wait_for_registration(1, WAIT).await.unwrap();
+    let mut client = kubelet.plugin().await.unwrap();
+    let response = client
+        .allocate(&[vec!["preload-3".to_owned()], vec!["preload-7".to_owned()]])
+        .await
+        .unwrap();
+    let regions = hook.join("regions");
+    for (c, slot) in response
+        .container_responses
+        .iter()
+        .zip(["preload-3", "preload-7"])
+    {
+        let m = c.mounts.last().unwrap();
+        assert_eq!(
+            (m.container_path.as_str(), m.host_path.as_str(), m.read_only),
+            (
+                "/var/lib/hami-limits/region",
+                &*regions.join(slot).to_string_lossy(),
+                false
+            )
+        );
+        // Every other mount stays read-only.
+        assert_eq!(c.mounts.iter().filter(|m| !m.read_only).count(), 1);
+        let cache = regions.join(slot).join("usage.cache");
+        assert_eq!(std::fs::read(&cache).unwrap(), b"");
+        assert_eq!(
+            std::fs::metadata(&cache).unwrap().permissions().mode() & 0o7777,
+            0o666
+        );
+        assert_eq!(
+            std::fs::metadata(regions.join(slot))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777,
+            0o755
+        );
+    }
+    // The containers' first processes write their regions (no limits file without --pod-api:
+    // the stamped limits are exported, not compared).
+    let written = RegionFixture::new(&V1_2).with_limit_all(4000 << 20).bytes();
+    std::fs::write(regions.join("preload-3/usage.cache"), &written).unwrap();
+    std::fs::write(
+        regions.join("preload-7/usage.cache"),
+        RegionFixture::new(&V1_2).bytes(),
+    )
+    .unwrap();
+    let verdict = |pod: &str, verdict: &str| {
+        format!(
+            "hami_limits_region_cap_verdict{{node=\"kai-node\",podnamespace=\"kai-team\",podname=\"{pod}\",ctrname=\"main\",gpu=\"0\",verdict=\"{verdict}\"}} 1"
+        )
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let text = metrics(port).await;
+        if text.contains(&verdict("kai-a", "capped"))
+            && text.contains(&verdict("kai-b", "no-limit"))
+        {
+            assert!(text.contains("hami_limits_region_stamped_limit_bytes{node=\"kai-node\",podnamespace=\"kai-team\",podname=\"kai-a\",ctrname=\"main\",gpu=\"0\"} 4194304000"), "{text}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never exported:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The slot handed to another container (the previous one planted a link): made anew, empty,
+    // the link removed as a link.
+    let outside = dir.path().join("outside");
+    std::fs::write(&outside, b"node file").unwrap();
+    std::os::unix::fs::symlink(&outside, regions.join("preload-3/planted")).unwrap();
+    client
+        .allocate(&[vec!["preload-3".to_owned()]])
+        .await
+        .unwrap();
+    let left: Vec<_> = std::fs::read_dir(regions.join("preload-3"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["usage.cache"]);
+    assert_eq!(
+        std::fs::read(regions.join("preload-3/usage.cache")).unwrap(),
+        b""
+    );
+    assert_eq!(std::fs::read(&outside).unwrap(), b"node file");
+
+    let _ = stop.send(());
+    served.await.unwrap().unwrap();
 }

@@ -190,6 +190,7 @@ fn kai_pods_get_the_library_through_the_preload_resource() {
     let response = allocate_response(
         &found,
         8,
+        None,
         &v1beta1::AllocateRequest {
             container_requests: vec![v1beta1::ContainerAllocateRequest {
                 devices_ids: vec!["preload-0".to_owned()],

@@ -34,6 +34,8 @@ use serde_json::{Value, json};
 mod hostile;
 #[path = "real_node/peers.rs"]
 mod peers;
+#[path = "real_node/regions.rs"]
+mod regions;
 #[path = "real_node/sessions.rs"]
 mod sessions;
 
@@ -1621,6 +1623,10 @@ const CASES: &[Case<Node>] = &[
     (
         "hostile tenant: a non-root user cannot replace usage.cache with a link",
         hostile::container_folder_links,
+    ),
+    (
+        "is the cap in force: HAMi and KAI regions written in the containers, verdicts on the node's metrics, the Event",
+        regions::verdicts_on_the_node,
     ),
     (
         "hostile tenant: a 60,000-value node affinity is refused, naming the limit",

@@ -795,7 +795,7 @@ fn wide_pods_are_denied_before_their_patch_outgrows_what_can_be_stored() {
     assert_eq!(
         annotation(&out.pod, "limits.hami.io/c299"),
         Some(
-            "CUDA_DEVICE_MEMORY_LIMIT=8192m\nHAMI_GPU_FRACTION=0.5\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
+            "CUDA_DEVICE_MEMORY_LIMIT=8192m\nCUDA_DEVICE_MEMORY_SHARED_CACHE=/var/lib/hami-limits/region/usage.cache\nHAMI_GPU_FRACTION=0.5\nHAMI_LIMITS_FORMAT=1\nHAMI_NODE_GPUS=/usr/local/vgpu/node-gpus\n"
         )
     );
     // 2,500: the limits files alone pass the API server's 256 KiB of annotations.
@@ -1367,4 +1367,37 @@ fn the_opt_out_gives_each_preloaded_container_a_file_saying_it_is_uncapped() {
     shadow["spec"]["containers"][0]["volumeMounts"] =
         json!([{"name": "mine", "mountPath": "/overrideEnv"}]);
     assert!(denial(&shadow, &warn()).contains("/overrideEnv"));
+}
+
+/// `hami.io/preload` delivery: `serve-preload` mounts each preloaded container's slot folder at
+/// `/var/lib/hami-limits/region`, and the limits file points HAMi-core's region there, so every
+/// process of the container joins one region the node reads. Not in `hostPath` delivery (no slot
+/// folder), not in a file without a cap, and a container's own value does not replace it.
+#[test]
+fn device_plugin_delivery_puts_the_region_in_the_slot_folder() {
+    const KEY: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+    const AT: &str = "/var/lib/hami-limits/region/usage.cache";
+    let mut s = settings(16384);
+    s.kai.hook_delivery = HookDelivery::DevicePlugin;
+    let mut pod = object(SMALL);
+    pod["spec"]["containers"][0]["env"] = json!([{"name": KEY, "value": "/tmp/elsewhere.cache"}]);
+    let out = mutate(&pod, &allow(s.clone()));
+    let file = annotation(&out.pod, "limits.hami.io/train").unwrap();
+    assert_eq!(
+        parse(file).entries.get(KEY).map(String::as_str),
+        Some(AT),
+        "{file}"
+    );
+    assert!(parse(file).diagnostics.is_empty(), "{file}");
+    // hostPath delivery: no slot folder, no key.
+    let out = mutate(&object(SMALL), &settings(16384));
+    let file = annotation(&out.pod, "limits.hami.io/train").unwrap();
+    assert!(!file.contains(KEY), "{file}");
+    // Admitted without a cap (`kai.missingBasis: warn`): the file says why, nothing else.
+    let mut uncapped = s;
+    uncapped.kai.per_gpu_vram_mib = None;
+    uncapped.kai.missing_basis = MissingBasis::Warn;
+    let out = mutate_with(&object(SMALL), &uncapped, &NoBasis);
+    let file = annotation(&out.pod, "limits.hami.io/train").unwrap();
+    assert!(!file.contains(KEY), "{file}");
 }

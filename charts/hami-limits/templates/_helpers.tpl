@@ -381,3 +381,18 @@ SCHEDULER_OWNED_ANNOTATIONS), and its pod label. */}}
 ["hami.io/vgpu-node","hami.io/vgpu-devices-to-allocate","hami.io/vgpu-devices-allocated","hami.io/bind-phase","hami.io/bind-time","hami.io/vgpu-time","hami.io/vgpu-mig-allocations"]
 {{- end -}}
 {{- define "hami-limits.schedulerLabel" -}}hami.io/vgpu-node{{- end -}}
+
+{{/*
+The region exporter's flags (regionExport), for `run` and `serve-preload` alike.
+*/}}
+{{- define "hami-limits.regionExportArgs" -}}
+{{- $r := .Values.regionExport -}}
+- --region-interval={{ $r.interval }}
+- --region-scrape-files={{ $r.scrapeFiles | int64 }}
+- --region-scrape-budget-ms={{ $r.scrapeBudgetMs | int64 }}
+{{- end -}}
+
+{{/* kubelet's pod resources folder (hookInstaller.podResourcesDir), without a trailing slash. */}}
+{{- define "hami-limits.podResourcesDir" -}}
+{{ trimSuffix "/" .Values.hookInstaller.podResourcesDir }}
+{{- end -}}

@@ -68,10 +68,52 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
     )
     .with_metrics(Arc::clone(&ctx.metrics));
     tokio::spawn(collector.run(std::future::pending()));
+    start_region_exporter(ctx, client, settings.containers_dir())?;
     let mut allocator = executor::Allocator::new(client.clone(), ctx.node_name.clone(), settings)
         .with_metrics(Arc::clone(&ctx.metrics));
     if let Some(pods) = &ctx.pod_cache {
         allocator = allocator.with_pod_cache(Arc::clone(pods));
     }
     Ok(Arc::new(allocator))
+}
+
+/// The exporter of the HAMi containers' regions (`<HOOK>/vgpu/containers`), owned as the pod
+/// cache says, its metrics on the plugin's `/metrics` and its Events on the pods; off with
+/// `--region-interval=0` or without a pod cache.
+fn start_region_exporter(
+    ctx: &RunContext,
+    client: &kube::Client,
+    containers_dir: std::path::PathBuf,
+) -> Result<(), AppError> {
+    use crate::regions::{RegionExporter, events, hami::HamiFolders};
+    let Some(settings) = ctx
+        .allocate_regions
+        .settings()
+        .map_err(AppError::MetricsListen)?
+    else {
+        tracing::info!("region exporter off (--region-interval=0)");
+        return Ok(());
+    };
+    let Some(pods) = &ctx.pod_cache else {
+        return Ok(());
+    };
+    let source = Arc::new(HamiFolders {
+        containers_dir,
+        pods: Arc::clone(pods),
+    });
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let exporter = RegionExporter::new(&ctx.node_name, source, settings, Some(tx));
+    ctx.metrics.set_regions(exporter.registry());
+    tokio::spawn(events::publish(
+        crate::node_register::recorder(client.clone(), &ctx.node_name),
+        rx,
+    ));
+    tracing::info!(
+        interval_s = settings.interval.as_secs_f64(),
+        scrape_files = settings.scrape_files,
+        scrape_budget_ms = settings.scrape_budget.as_millis(),
+        "region exporter started"
+    );
+    tokio::spawn(exporter.run(|| async {}, std::future::pending()));
+    Ok(())
 }

@@ -91,6 +91,9 @@ pub enum AppError {
     /// `--metrics-listen` is not an address, or cannot be bound.
     #[error("{0}")]
     MetricsListen(String),
+    /// A region exporter flag is not usable.
+    #[error("{0}")]
+    RegionExport(String),
     /// `plan` failed.
     #[error(transparent)]
     Plan(#[from] crate::commands::plan::DryRunError),
@@ -100,6 +103,9 @@ pub enum AppError {
     /// `serve-preload` failed.
     #[error(transparent)]
     ServePreload(#[from] crate::commands::serve_preload::ServePreloadError),
+    /// `regions` failed.
+    #[error(transparent)]
+    Regions(#[from] crate::commands::regions::RegionsError),
     /// `ENABLE_TOPOLOGY_SCORE=true` but the links between GPUs cannot be read.
     #[error(
         "{}=true: cannot read how the GPUs are linked: {source}",
@@ -123,9 +129,11 @@ impl AppError {
             | Self::BadDuration { .. }
             | Self::Allocation(_)
             | Self::MetricsListen(_)
+            | Self::RegionExport(_)
             | Self::Plan(crate::commands::plan::DryRunError::Config(_)) => 2,
             Self::InstallHook(e) => e.exit_code(),
             Self::ServePreload(e) => e.exit_code(),
+            Self::Regions(e) => e.exit_code(),
             _ => 1,
         }
     }

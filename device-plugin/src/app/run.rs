@@ -49,6 +49,8 @@ pub struct RunContext {
     /// The watch-fed view of this node's pods (with a client), shared by `Allocate` and
     /// `GetPreferredAllocation`.
     pub pod_cache: Option<Arc<PodCache>>,
+    /// The region exporter's flags.
+    pub allocate_regions: crate::regions::export::RegionArgs,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -250,6 +252,7 @@ async fn serve<S: Future<Output = ()>>(
         node_devices: crate::allocation::device_list::NodeDevices::from_gpus(&found),
         metrics: Arc::clone(metrics),
         pod_cache: pod_cache.clone(),
+        allocate_regions: args.regions.clone(),
     };
     let allocate = make_allocate(&context)?;
     let pending = pending_pods(client.as_ref(), pod_cache, &start.node_name);

@@ -9,4 +9,5 @@
 
 pub mod install_hook;
 pub mod plan;
+pub mod regions;
 pub mod serve_preload;

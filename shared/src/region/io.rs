@@ -82,12 +82,31 @@ fn read_bounded(path: &Path, limit: usize) -> Result<Vec<u8>, RegionErrorKind> {
 /// [`RegionError`] naming `path`: missing, a link, not a regular file, an I/O error, or bytes
 /// that are not a region ([`super::ParseError`]).
 pub fn read_region_file(path: &Path) -> Result<Region, RegionError> {
-    let error = |kind| RegionError {
+    parse_region_bytes(path, &read_region_bytes(path)?)
+}
+
+/// The bytes of the region file at `path`, read as [`read_region_file`] reads them (no link
+/// followed, no FIFO waited on, at most [`MAX_REGION_FILE_BYTES`] + 1 bytes), not yet parsed:
+/// for callers that keep reading and judging apart (the node exporters).
+///
+/// # Errors
+/// [`RegionError`] naming `path`: missing, a link, not a regular file, or an I/O error.
+pub fn read_region_bytes(path: &Path) -> Result<Vec<u8>, RegionError> {
+    read_bounded(path, MAX_REGION_FILE_BYTES).map_err(|kind| RegionError {
         path: path.display().to_string(),
         kind,
-    };
-    let bytes = read_bounded(path, MAX_REGION_FILE_BYTES).map_err(error)?;
-    parse(&bytes).map_err(|e| error(RegionErrorKind::Parse(e)))
+    })
+}
+
+/// [`parse`] of the bytes read from `path`, the error naming it.
+///
+/// # Errors
+/// [`RegionError`] with [`RegionErrorKind::Parse`].
+pub fn parse_region_bytes(path: &Path, bytes: &[u8]) -> Result<Region, RegionError> {
+    parse(bytes).map_err(|e| RegionError {
+        path: path.display().to_string(),
+        kind: RegionErrorKind::Parse(e),
+    })
 }
 
 /// Reads a limits file the same way (no link followed, bounded) and parses it tolerantly.
@@ -97,6 +116,15 @@ pub fn read_region_file(path: &Path) -> Result<Region, RegionError> {
 /// A message naming the path: a link, not a regular file, longer than
 /// [`LIMITS_FILE_READ_BYTES`], or an I/O error.
 pub fn read_limits_file(path: &Path) -> Result<Option<ParsedLimitsFile>, String> {
+    Ok(read_limits_bytes(path)?.map(|bytes| parse_bytes(&bytes)))
+}
+
+/// The bytes of a limits file, read as [`read_limits_file`] reads them, not parsed.
+/// `Ok(None)` when there is none.
+///
+/// # Errors
+/// As [`read_limits_file`].
+pub fn read_limits_bytes(path: &Path) -> Result<Option<Vec<u8>>, String> {
     match read_bounded(path, LIMITS_FILE_READ_BYTES) {
         Err(RegionErrorKind::Missing) => Ok(None),
         Err(e) => Err(format!("{}: {e}", path.display())),
@@ -104,7 +132,7 @@ pub fn read_limits_file(path: &Path) -> Result<Option<ParsedLimitsFile>, String>
             "{}: longer than {LIMITS_FILE_READ_BYTES} bytes: not a limits file",
             path.display()
         )),
-        Ok(bytes) => Ok(Some(parse_bytes(&bytes))),
+        Ok(bytes) => Ok(Some(bytes)),
     }
 }
 

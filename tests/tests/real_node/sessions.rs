@@ -10,9 +10,8 @@
 //! every memory limit to 99999m, its own core limit and its own shared cache; the KAI pod its own
 //! core limit and oversubscription (a KAI container's own memory limit is HAMi's behaviour there:
 //! left as is, the operator's choice). Every session must show the limits file's values, and none
-//! may show a value of the spec. The KAI pod also names its own shared cache: the contract copies
-//! that one into the file (`COPIED_FROM_SPEC`: the device plugin sets none for KAI pods), so there
-//! it is the file's value that every session shows. A non-root user's process gets the limits too and can open the shared
+//! may show a value of the spec. Both name their own shared cache: the file's (the HAMi folder,
+//! the KAI container's slot folder) is the one every session must join. A non-root user's process gets the limits too and can open the shared
 //! cache (and HAMi-core's lock) read-write, as HAMi-core does for its region.
 
 use std::path::{Path, PathBuf};
@@ -47,9 +46,8 @@ const HAMI_SPEC_ENV: &[(&str, &str)] = &[
 const KAI_SPEC_ENV: &[(&str, &str)] = &[
     ("CUDA_DEVICE_SM_LIMIT", "99"),
     ("CUDA_OVERSUBSCRIBE", "true"),
+    ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/spec-own.cache"),
 ];
-/// The KAI pod's own shared cache, which the contract copies into its file.
-const KAI_OWN_CACHE: &str = "/tmp/kai-own.cache";
 
 impl Node {
     /// `kubectl exec` into a pod of namespace `ns`: (exit code, stdout, stderr).
@@ -429,15 +427,11 @@ pub fn sessions_in_a_hami_pod(n: &mut Node) {
 
 pub fn sessions_in_a_kai_pod(n: &mut Node) {
     let key = SshKey::new("kai");
-    let mut pod = session_pod(
+    let pod = session_pod(
         kai_pod("sessions-kai", json!({"gpu-memory": "3000"})),
         &key,
         KAI_SPEC_ENV,
     );
-    pod["spec"]["containers"][0]["env"]
-        .as_array_mut()
-        .unwrap()
-        .push(json!({"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": KAI_OWN_CACHE}));
     let out = n.create(&pod);
     assert!(out.status.success(), "{}", text(&out.stderr));
     bind_in(n, ALLOWED_NS, "sessions-kai");
@@ -450,7 +444,7 @@ pub fn sessions_in_a_kai_pod(n: &mut Node) {
     );
     assert_eq!(
         var(&file, "CUDA_DEVICE_MEMORY_SHARED_CACHE"),
-        Some(KAI_OWN_CACHE),
+        Some(hami_shared::names::KAI_SHARED_CACHE),
         "{file:?}"
     );
     every_session(n, "sessions-kai", &key, KAI_SPEC_ENV);

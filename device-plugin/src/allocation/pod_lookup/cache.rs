@@ -213,6 +213,25 @@ impl PodCache {
         }
     }
 
+    /// UID → (namespace, name) of every pod held, when synced (`None` before the first list:
+    /// an exporter must not take "not listed yet" for "gone").
+    #[must_use]
+    pub fn uids(&self) -> Option<BTreeMap<String, (String, String)>> {
+        let inner = self.lock();
+        if !inner.synced {
+            return None;
+        }
+        let mut out = BTreeMap::new();
+        let ahead = inner.ahead.values().map(|a| Arc::clone(&a.pod));
+        for pod in self.store.state().into_iter().chain(ahead) {
+            let m = &pod.metadata;
+            if let (Some(uid), Some(ns), Some(name)) = (&m.uid, &m.namespace, &m.name) {
+                out.insert(uid.clone(), (ns.clone(), name.clone()));
+            }
+        }
+        Some(out)
+    }
+
     /// The pod `namespace/name`, when synced and held.
     #[must_use]
     pub fn get(&self, namespace: &str, name: &str) -> Option<Pod> {

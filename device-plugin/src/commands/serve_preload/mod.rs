@@ -34,6 +34,33 @@ pub struct ServePreloadArgs {
     /// How many containers of the node may hold `hami.io/preload` at once (1 to 100000).
     #[arg(long = "slots", default_value_t = DEFAULT_SLOTS, value_parser = clap::value_parser!(u32).range(1..=100_000), value_name = "N")]
     pub slots: u32,
+    /// Give each container a region folder (`HOOK/regions/<slot>`, read-write at
+    /// `/var/lib/hami-limits/region`) the node can read; `false`: none (the region stays in the
+    /// container's `/tmp`, unseen).
+    #[arg(long = "regions", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub regions: bool,
+    /// Plain-HTTP address for `/healthz`, `/readyz` and `/metrics` (the regions' metrics); empty
+    /// or `off` disables.
+    #[arg(
+        long = "metrics-listen",
+        default_value = "off",
+        value_name = "HOST:PORT"
+    )]
+    pub metrics_listen: String,
+    /// kubelet's pod resources socket: which container holds which slot.
+    #[arg(long = "pod-resources-socket", default_value = crate::regions::podresources::DEFAULT_SOCKET, value_name = "PATH")]
+    pub pod_resources_socket: PathBuf,
+    /// Read the KAI containers' limits files from their pods' annotations and raise Events on
+    /// them, through the API server (in-cluster service account or `KUBECONFIG`; needs the node
+    /// name).
+    #[arg(long = "pod-api", default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub pod_api: bool,
+    /// This node (for `--pod-api`).
+    #[arg(long = "node-name", env = names::ENV_HAMI_NODE_NAME, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// The region exporter.
+    #[command(flatten)]
+    pub region_export: crate::regions::export::RegionArgs,
 }
 
 /// Why `serve-preload` stopped.
@@ -48,6 +75,9 @@ pub enum ServePreloadError {
     /// The socket could not be served.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
+    /// The region folders or their exporter cannot be set up.
+    #[error("region exporter: {0}")]
+    Regions(String),
 }
 
 impl ServePreloadError {
@@ -73,9 +103,23 @@ pub fn preload_plugin(args: &ServePreloadArgs) -> Result<PreloadPlugin, ServePre
         slots = args.slots,
         "hook folder checked"
     );
+    let regions = if args.regions {
+        let hook = normalise_hook_path(&args.hook_path)?;
+        let dir = hook.join(names::REGIONS_DIR);
+        crate::regions::slots::ensure_regions_dir(&dir)
+            .map_err(|e| ServePreloadError::Regions(e.to_string()))?;
+        Some(Arc::new(crate::regions::slots::SlotFolders::new(
+            dir,
+            args.slots,
+            vgpu_dir.join(names::NODE_GPUS_FILE),
+        )))
+    } else {
+        None
+    };
     Ok(PreloadPlugin {
         vgpu_dir,
         slots: args.slots,
+        regions,
     })
 }
 
@@ -97,6 +141,100 @@ pub async fn serve_preload(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServePreloadError> {
     let plugin = Arc::new(preload_plugin(args)?);
-    serve(lifecycle(args), plugin, shutdown).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let ops = start_exporter(args, &plugin, stop_rx).await?;
+    let result = serve(lifecycle(args), plugin, shutdown).await;
+    stop_tx.send_replace(true);
+    if let Some(task) = ops {
+        let _ = task.await;
+    }
+    result?;
     Ok(())
+}
+
+/// The region exporter over the slot folders: its scans (owners from kubelet's pod-resources
+/// before each), its `/metrics` server, and, with `--pod-api`, the limits files and Events
+/// through the API server. Returns the metrics server's task.
+async fn start_exporter(
+    args: &ServePreloadArgs,
+    plugin: &Arc<PreloadPlugin>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>, ServePreloadError> {
+    use crate::regions::{RegionExporter, events};
+    let regions_err = ServePreloadError::Regions;
+    let Some(slots) = plugin.regions.clone() else {
+        return Ok(None);
+    };
+    let Some(settings) = args.region_export.settings().map_err(regions_err)? else {
+        return Ok(None);
+    };
+    let pods = if args.pod_api {
+        let node = args
+            .node_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| {
+                regions_err(format!(
+                    "--pod-api needs the node name: set {} or --node-name",
+                    names::ENV_HAMI_NODE_NAME
+                ))
+            })?;
+        // The exporter is not worth the preload plugin: without a client it runs without the
+        // limits files and Events, and says so.
+        match kube::Client::try_default().await {
+            Ok(client) => Some((client, node)),
+            Err(error) => {
+                tracing::error!(%error, "--pod-api: no API server client; KAI regions are exported without their limits files and Events");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let events = pods.as_ref().map(|(client, node)| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(events::publish(
+            crate::node_register::recorder(client.clone(), node),
+            rx,
+        ));
+        tx
+    });
+    let node = args.node_name.clone().unwrap_or_default();
+    let exporter = RegionExporter::new(&node, slots.clone(), settings, events);
+    let until = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    let socket = args.pod_resources_socket.clone();
+    let before = move || {
+        let (slots, socket, pods) = (slots.clone(), socket.clone(), pods.clone());
+        async move {
+            slots
+                .refresh(&socket, pods.as_ref(), Duration::from_secs(5))
+                .await;
+        }
+    };
+    tokio::spawn(Arc::clone(&exporter).run(before, until(stop.clone())));
+    let Some(addr) = crate::metrics::parse_listen(&args.metrics_listen).map_err(regions_err)?
+    else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| regions_err(format!("cannot listen on {addr} (--metrics-listen): {e}")))?;
+    tracing::info!(%addr, "serving /healthz, /readyz, /metrics");
+    let mut registry = exporter.registry();
+    hami_ops::register_build_info(
+        &mut registry,
+        "hami-device-plugin serve-preload",
+        env!("CARGO_PKG_VERSION"),
+    );
+    let registry = Arc::new(registry);
+    let renderer: hami_ops::MetricsRenderer =
+        Arc::new(move |format| hami_ops::encode(&registry, format));
+    let router = hami_ops::router(renderer, hami_ops::Readiness::new(&[]));
+    Ok(Some(tokio::spawn(hami_ops::serve(
+        listener,
+        router,
+        until(stop),
+    ))))
 }

@@ -36,8 +36,7 @@ use crate::commands::install_hook::ld_so_preload_contents;
 use crate::kubelet::api::{self, v1beta1};
 use crate::kubelet::plugin::ServedPlugin;
 
-/// Prefix of the slot device IDs (`preload-0`, `preload-1`, …).
-pub const SLOT_PREFIX: &str = "preload-";
+pub use crate::regions::slot_id::{SLOT_PREFIX, is_slot};
 /// Default number of slots a node advertises: more containers than kubelet's default of 110
 /// pods will hold.
 pub const DEFAULT_SLOTS: u32 = 1024;
@@ -203,20 +202,6 @@ pub fn slot_devices(slots: u32) -> Vec<v1beta1::Device> {
         .collect()
 }
 
-/// Whether `id` is one of the `slots` advertised (`preload-<n>`, `n` written without a leading
-/// zero).
-#[must_use]
-pub fn is_slot(id: &str, slots: u32) -> bool {
-    id.strip_prefix(SLOT_PREFIX)
-        .filter(|n| {
-            !n.is_empty()
-                && n.bytes().all(|b| b.is_ascii_digit())
-                && (*n == "0" || !n.starts_with('0'))
-        })
-        .and_then(|n| n.parse::<u32>().ok())
-        .is_some_and(|n| n < slots)
-}
-
 /// The read-only mounts a container gets: the libraries and `node-gpus` (when published) at their
 /// own paths, and the preload list at `/etc/ld.so.preload`.
 #[must_use]
@@ -241,14 +226,36 @@ pub fn mounts(hook: &HookFiles) -> Vec<v1beta1::Mount> {
     mounts
 }
 
-/// `Allocate`'s answer for `request` over the hook as found: the same mounts for every container;
-/// a device ID that is not one of the `slots` is refused, naming it.
+/// The slot whose region folder a container gets: its lowest slot ID.
+#[must_use]
+pub fn region_slot(devices_ids: &[String]) -> Option<&str> {
+    devices_ids
+        .iter()
+        .map(String::as_str)
+        .min_by(|a, b| crate::regions::slot_id::slot_order(a, b))
+}
+
+/// The read-write mount of a slot's region folder (`<regions>/<slot>`) at
+/// [`hami_shared::names::KAI_REGION_DIR`].
+#[must_use]
+pub fn region_mount(regions_dir: &Path, slot: &str) -> v1beta1::Mount {
+    v1beta1::Mount {
+        container_path: hami_shared::names::KAI_REGION_DIR.to_owned(),
+        host_path: regions_dir.join(slot).display().to_string(),
+        read_only: false,
+    }
+}
+
+/// `Allocate`'s answer for `request` over the hook as found: the same read-only mounts for every
+/// container and, with `regions_dir`, its slot's region folder read-write; a device ID that is
+/// not one of the `slots` is refused, naming it.
 ///
 /// # Errors
 /// `InvalidArgument` for an ID that is not ours, or a container asking for none.
 pub fn allocate_response(
     hook: &HookFiles,
     slots: u32,
+    regions_dir: Option<&Path>,
     request: &v1beta1::AllocateRequest,
 ) -> Result<v1beta1::AllocateResponse, Status> {
     let mut container_responses = Vec::with_capacity(request.container_requests.len());
@@ -264,8 +271,14 @@ pub fn allocate_response(
                 slots.saturating_sub(1)
             )));
         }
+        let mut mounts = mounts(hook);
+        if let Some(dir) = regions_dir
+            && let Some(slot) = region_slot(&container.devices_ids)
+        {
+            mounts.push(region_mount(dir, slot));
+        }
         container_responses.push(v1beta1::ContainerAllocateResponse {
-            mounts: mounts(hook),
+            mounts,
             ..Default::default()
         });
     }
@@ -281,6 +294,8 @@ pub struct PreloadPlugin {
     pub vgpu_dir: PathBuf,
     /// Slots advertised.
     pub slots: u32,
+    /// The slots' region folders (`HOOK/regions`), when KAI containers get one.
+    pub regions: Option<Arc<crate::regions::slots::SlotFolders>>,
 }
 
 impl ServedPlugin for PreloadPlugin {
@@ -376,7 +391,30 @@ impl v1beta1::device_plugin_server::DevicePlugin for PreloadService {
                 "hami.io/preload: HAMi-core cannot be mounted: {error}"
             ))
         })?;
-        let response = allocate_response(&hook, self.plugin.slots, &request)?;
+        let regions = self.plugin.regions.as_deref();
+        let response = allocate_response(
+            &hook,
+            self.plugin.slots,
+            regions.map(|r| r.regions_dir.as_path()),
+            &request,
+        )?;
+        if let Some(regions) = regions {
+            // Only once every ID was checked: each slot's folder made anew, empty.
+            for container in &request.container_requests {
+                let Some(slot) = region_slot(&container.devices_ids) else {
+                    continue;
+                };
+                crate::regions::slots::prepare_slot(&regions.regions_dir, slot).map_err(
+                    |error| {
+                        tracing::error!(%error, slot, "hami.io/preload: region folder not made");
+                        Status::failed_precondition(format!(
+                            "hami.io/preload: the container's region folder cannot be made: {error}"
+                        ))
+                    },
+                )?;
+                regions.allocated(slot);
+            }
+        }
         tracing::info!(
             containers = response.container_responses.len(),
             node_gpus = hook.node_gpus,
@@ -445,6 +483,7 @@ mod tests {
         let response = allocate_response(
             &hook(true),
             4,
+            None,
             &request(&[&["preload-0"], &["preload-3", "preload-1"]]),
         )
         .unwrap();
@@ -470,7 +509,8 @@ mod tests {
             assert!(c.envs.is_empty() && c.devices.is_empty() && c.annotations.is_empty());
         }
         // Without a node GPU file, no mount of it.
-        let response = allocate_response(&hook(false), 4, &request(&[&["preload-2"]])).unwrap();
+        let response =
+            allocate_response(&hook(false), 4, None, &request(&[&["preload-2"]])).unwrap();
         assert!(
             !response.container_responses[0]
                 .mounts
@@ -480,18 +520,62 @@ mod tests {
     }
 
     #[test]
+    fn each_container_gets_its_lowest_slots_region_folder_read_write() {
+        let regions = Path::new("/usr/local/regions");
+        let response = allocate_response(
+            &hook(true),
+            16,
+            Some(regions),
+            &request(&[&["preload-0"], &["preload-10", "preload-9"]]),
+        )
+        .unwrap();
+        let region_mounts: Vec<(&str, &str, bool)> = response
+            .container_responses
+            .iter()
+            .map(|c| {
+                let m = c.mounts.last().unwrap();
+                (m.container_path.as_str(), m.host_path.as_str(), m.read_only)
+            })
+            .collect();
+        assert_eq!(
+            region_mounts,
+            [
+                (
+                    "/var/lib/hami-limits/region",
+                    "/usr/local/regions/preload-0",
+                    false
+                ),
+                (
+                    "/var/lib/hami-limits/region",
+                    "/usr/local/regions/preload-9",
+                    false
+                ),
+            ]
+        );
+        // Every other mount stays read-only.
+        for c in &response.container_responses {
+            assert_eq!(c.mounts.iter().filter(|m| !m.read_only).count(), 1);
+        }
+    }
+
+    #[test]
     fn ids_not_ours_are_refused_by_name() {
-        let e = allocate_response(&hook(true), 4, &request(&[&["preload-0"], &["GPU-x-0"]]))
-            .unwrap_err();
+        let e = allocate_response(
+            &hook(true),
+            4,
+            None,
+            &request(&[&["preload-0"], &["GPU-x-0"]]),
+        )
+        .unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
         assert!(e.message().contains("\"GPU-x-0\""), "{}", e.message());
-        let e = allocate_response(&hook(true), 4, &request(&[&["preload-4"]])).unwrap_err();
+        let e = allocate_response(&hook(true), 4, None, &request(&[&["preload-4"]])).unwrap_err();
         assert!(
             e.message().contains("preload-0 … preload-3"),
             "{}",
             e.message()
         );
-        let e = allocate_response(&hook(true), 4, &request(&[&[]])).unwrap_err();
+        let e = allocate_response(&hook(true), 4, None, &request(&[&[]])).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
     }
 }

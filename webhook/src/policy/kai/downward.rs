@@ -83,11 +83,22 @@ pub enum FileCap<'s> {
 /// of a name wins, as in Kubernetes) when HAMi-core reads them as meant. Returns the file and a
 /// warning per variable left out.
 #[must_use]
+///
+/// `shared_cache`: the container path of the region file every process of the container is to
+/// join (`hami.io/preload` delivery: the slot folder `serve-preload` mounts), written as
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` beside a memory limit.
 pub fn limits_file(
     container: &crate::wire::pod::Container<'_>,
     cap: FileCap<'_>,
+    shared_cache: Option<&str>,
 ) -> (LimitsFile, Vec<PlanWarning>) {
     let mut builder = LimitsBuilder::new(&container.name);
+    if let Some(path) = shared_cache
+        && !matches!(cap, FileCap::Uncapped(_))
+    {
+        // A constant absolute path: the builder cannot refuse it.
+        let _ = builder.shared_cache(path);
+    }
     let refused = match cap {
         FileCap::Limit(limit) => {
             // `None`: `CUDA_DEVICE_MEMORY_LIMIT`, every GPU of the container; cannot fail.
@@ -130,7 +141,8 @@ fn refusal(container: &crate::wire::pod::Container<'_>, e: LimitsFileError) -> P
     }
 }
 
-/// In `file` mode, give each container in `files` its limits file (what its [`FileCap`] says):
+/// In `file` mode, give each container in `files` its limits file (what its [`FileCap`] says;
+/// for those in `shared_cache`, also `CUDA_DEVICE_MEMORY_SHARED_CACHE` at their slot's region):
 /// the annotation, one item of the downward-API volume, and a read-only `subPath` mount at
 /// `/overrideEnv`. In `env` mode nothing is added. In both modes, webhook-owned annotations the
 /// pod should not carry are removed, and a container in `files` may not mount anything else at
@@ -144,10 +156,11 @@ pub fn deliver(
     m: &mut PodMutation<'_, '_>,
     files: &[(ContainerRef, FileCap<'_>)],
     delivery: LimitDelivery,
+    shared_cache: &[ContainerRef],
 ) -> Result<(), Denial> {
     check_override_env_mounts(m, files)?;
     let wanted = if delivery == LimitDelivery::File {
-        wanted_files(m, files)?
+        wanted_files(m, files, shared_cache)?
     } else {
         Vec::new()
     };
@@ -204,6 +217,7 @@ fn check_override_env_mounts(
 fn wanted_files(
     m: &mut PodMutation<'_, '_>,
     files: &[(ContainerRef, FileCap<'_>)],
+    shared_cache: &[ContainerRef],
 ) -> Result<Vec<Wanted>, Denial> {
     let pod = m.pod();
     // The API server refuses an object whose annotations (keys and values) pass 256 KiB: stop
@@ -225,7 +239,10 @@ fn wanted_files(
                 c.name
             )));
         }
-        let (file, warnings) = limits_file(c, cap);
+        let cache = shared_cache
+            .contains(&at)
+            .then_some(hami_shared::names::KAI_SHARED_CACHE);
+        let (file, warnings) = limits_file(c, cap, cache);
         for w in warnings {
             m.warn(w.to_string());
         }

@@ -227,7 +227,13 @@ fn deliver_capped(
             (at, cap)
         })
         .collect();
-    downward::deliver(m, &files, delivery)?;
+    // `hami.io/preload` delivery mounts each preloaded container's slot folder: its region goes
+    // there, where the node reads it, and every process of the container joins it.
+    let shared_cache: &[ContainerRef] = match kai.hook_delivery {
+        HookDelivery::DevicePlugin => targets,
+        HookDelivery::HostPath => &[],
+    };
+    downward::deliver(m, &files, delivery, shared_cache)?;
     m.observe(Observation::KaiPod(match request {
         KaiRequest::Memory(_) => KaiLimit::GpuMemory,
         KaiRequest::Fraction(_) => KaiLimit::GpuFraction,
@@ -258,7 +264,7 @@ fn deliver_uncapped(
     } else {
         Vec::new()
     };
-    downward::deliver(m, &files, delivery)?;
+    downward::deliver(m, &files, delivery, &[])?;
     m.observe(Observation::KaiPod(KaiLimit::None));
     Ok(())
 }
