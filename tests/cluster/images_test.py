@@ -12,7 +12,9 @@ Dockerfile's, every file the Dockerfile COPYs must be in the layers at its path,
 or 0644 (the library), owned 0:0, with the source's content; digests, diff_ids, times and the
 distroless-like base are checked too. Finally an instruction scripts/images does not interpret,
 inserted into a copy of the Dockerfile, must make it fail and name the instruction and the stage.
-Standard library only.
+The workload image (where the node tests open SSH, sudo, cron and login sessions) is built from a
+fake rootfs too: the user `other` added, pam_loginuid optional, no SSH host keys, and a missing
+session tool named. Standard library only.
 """
 
 from __future__ import annotations
@@ -315,6 +317,97 @@ class ImagesTest(unittest.TestCase):
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("nope.so", result.stderr)
         self.assertIn("scripts/build-preload", result.stderr)
+
+
+WORKLOAD_TOOLS = ("bash", "env", "su", "sleep", "printenv", "cp", "login", "script", "setsid", "nohup", "sudo",
+                  "crontab", "ssh-keygen")
+PAM_LOGINUID = "session    required     pam_loginuid.so\n"
+
+
+def fake_workload_rootfs(path: Path, leave_out: str = "") -> None:
+    """A Debian-like rootfs with the workload's tools, PAM stacks and users (no `other`), and SSH
+    host keys that the image must leave out; `leave_out` is a path not to write."""
+    files: dict[str, bytes] = {f"usr/bin/{tool}": f"#!fake {tool}\n".encode() for tool in WORKLOAD_TOOLS}
+    files.update({
+        "usr/bin/sh": b"#!fake shell\n", "usr/sbin/sshd": b"#!fake sshd\n", "usr/sbin/cron": b"#!fake cron\n",
+        "etc/passwd": b"root:x:0:0:root:/root:/bin/bash\n", "etc/group": b"root:x:0:\nshadow:x:42:\n",
+        "etc/shadow": b"root:*:19000:0:99999:7:::\n", "etc/gshadow": b"root:*::\n",
+        "etc/pam.d/su": b"auth sufficient pam_rootok.so\n", "etc/pam.d/su-l": b"@include su\n",
+        "etc/pam.d/sudo": b"@include common-auth\n", "etc/pam.d/sudo-i": b"@include sudo\n",
+        "etc/pam.d/sshd": b"account required pam_nologin.so\n" + PAM_LOGINUID.encode(),
+        "etc/pam.d/cron": PAM_LOGINUID.encode() + b"session required pam_env.so\n",
+        "etc/pam.d/login": PAM_LOGINUID.encode(),
+        "etc/ssh/sshd_config": b"Include /etc/ssh/sshd_config.d/*.conf\n",
+        "etc/ssh/ssh_host_ed25519_key": b"PRIVATE host key\n", "etc/ssh/ssh_host_ed25519_key.pub": b"ssh-ed25519 AAAA\n",
+        "etc/ssh/ssh_host_rsa_key": b"PRIVATE host key\n", "etc/skel/.bashrc": b"# skel\n",
+    })
+    files.pop(leave_out, None)
+    folders = sorted({"/".join(name.split("/")[:i]) for name in files for i in range(1, name.count("/") + 1)})
+    with tarfile.open(path, "w") as tar:
+        for folder in folders:
+            info = tarfile.TarInfo("./" + folder)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for name in ("bin", "sbin"):
+            info = tarfile.TarInfo("./" + name)
+            info.type, info.linkname = tarfile.SYMTYPE, "usr/" + name
+            tar.addfile(info)
+        for name, value in sorted(files.items()):
+            info = tarfile.TarInfo("./" + name)
+            info.size = len(value)
+            info.mode = 0o640 if name in ("etc/shadow", "etc/gshadow") else 0o755 if "bin/" in name else 0o644
+            info.gid = 42 if name in ("etc/shadow", "etc/gshadow") else 0
+            tar.addfile(info, io.BytesIO(value))
+
+
+class WorkloadTest(unittest.TestCase):
+    """The workload image the node's sessions run in: the user `other`, pam_loginuid optional,
+    no SSH host keys."""
+
+    def setUp(self) -> None:
+        self.tmp = tempfile.TemporaryDirectory(prefix="images-workload-test.")
+        self.addCleanup(self.tmp.cleanup)
+        self.env = {**os.environ, "HAMI_CACHE": str(Path(self.tmp.name) / "cache"), "SOURCE_DATE_EPOCH": str(EPOCH)}
+
+    def build(self, leave_out: str = "") -> subprocess.CompletedProcess:
+        rootfs = Path(self.tmp.name) / "rootfs.tar"
+        fake_workload_rootfs(rootfs, leave_out)
+        return subprocess.run([sys.executable, str(SCRIPT), "build", str(Path(self.tmp.name) / "out"), "--only",
+                               "workload", "--base-rootfs", str(rootfs)], env=self.env, capture_output=True, text=True)
+
+    def test_workload_has_the_sessions_user_and_pam(self) -> None:
+        result = self.build()
+        self.assertEqual(result.returncode, 0, result.stderr)
+        files = Archive(Path(self.tmp.name) / "out" / "workload.tar").files
+
+        def content(path: str) -> str:
+            return files[path][1].decode()  # type: ignore[union-attr]
+
+        self.assertEqual(content("/etc/passwd"),
+                         "root:x:0:0:root:/root:/bin/bash\nother:x:1000:1000:other:/home/other:/bin/bash\n")
+        self.assertTrue(content("/etc/group").endswith("\nother:x:1000:\n"))
+        self.assertTrue(content("/etc/shadow").endswith("\nother:*:19000:0:99999:7:::\n"))
+        self.assertEqual((files["/etc/shadow"][0].mode & 0o7777, files["/etc/shadow"][0].gid), (0o640, 42))
+        self.assertTrue(content("/etc/gshadow").endswith("\nother:!::\n"))
+        home = files["/home/other"][0]
+        self.assertEqual((home.isdir(), home.uid, home.gid, home.mode & 0o7777), (True, 1000, 1000, 0o755))
+        bashrc = files["/home/other/.bashrc"]
+        self.assertEqual((bashrc[0].uid, bashrc[0].gid, bashrc[1]), (1000, 1000, b"# skel\n"))
+        for pam in ("sshd", "cron", "login"):
+            with self.subTest(pam=pam):
+                self.assertIn("session    optional     pam_loginuid.so\n", content(f"/etc/pam.d/{pam}"))
+                self.assertNotIn("required     pam_loginuid", content(f"/etc/pam.d/{pam}"))
+        self.assertEqual([p for p in files if p.startswith("/etc/ssh/ssh_host_")], [])
+        self.assertIn("/etc/ssh/sshd_config", files)
+        self.assertIn("/usr/sbin/sshd", files)
+
+    def test_a_missing_session_tool_is_named(self) -> None:
+        for path, named in (("usr/sbin/sshd", "sshd"), ("usr/bin/crontab", "crontab"),
+                            ("etc/pam.d/sudo-i", "/etc/pam.d/sudo-i")):
+            with self.subTest(path=path):
+                result = self.build(leave_out=path)
+                self.assertNotEqual(result.returncode, 0)
+                self.assertIn(named, result.stderr)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,15 @@ const CLUSTER_COMMANDS: &[(&str, &str, &[&str])] = &[
         ],
     ),
     (
+        "examples/node-ssh-demo.sh tenant ssh-demo",
+        "tests/tests/real_node/sessions.rs",
+        &[
+            r#"Command::new(repo().join("examples/node-ssh-demo.sh"))"#,
+            r#".args([TENANT, "ssh-demo"])"#,
+            r#"var(&v, "SSH_CONNECTION").is_some()"#,
+        ],
+    ),
+    (
         "scripts/cluster down",
         "tests/tests/real_node.rs",
         &[r#".arg("down")"#],

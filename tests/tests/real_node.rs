@@ -39,6 +39,8 @@ mod hostile;
 mod peers;
 #[path = "real_node/regions.rs"]
 mod regions;
+#[path = "real_node/sessions.rs"]
+mod sessions;
 
 const NS: &str = "hami-limits";
 const PREFIX: &str = "hami-hami-limits";
@@ -243,6 +245,10 @@ fn now() -> u64 {
 /// pod's annotations (vgpu-node, vgpu-time, devices to allocate and allocated, bind-phase
 /// allocating, bind-time), then the Binding.
 fn schedule_and_bind_as_hami(n: &Node, name: &str, uuid: &str, mib: u64, cores: u32) {
+    schedule_and_bind_as_hami_in(n, TENANT, name, uuid, mib, cores);
+}
+
+fn schedule_and_bind_as_hami_in(n: &Node, ns: &str, name: &str, uuid: &str, mib: u64, cores: u32) {
     let devices = format!("{uuid},NVIDIA,{mib},{cores}:;");
     let t = now();
     n.ok(
@@ -251,7 +257,7 @@ fn schedule_and_bind_as_hami(n: &Node, name: &str, uuid: &str, mib: u64, cores: 
             "node",
             NODE,
             "--overwrite",
-            &format!("hami.io/mutex.lock={},{TENANT},{name}", rfc3339(t).unwrap()),
+            &format!("hami.io/mutex.lock={},{ns},{name}", rfc3339(t).unwrap()),
         ],
         None,
     );
@@ -266,7 +272,7 @@ fn schedule_and_bind_as_hami(n: &Node, name: &str, uuid: &str, mib: u64, cores: 
             "pod",
             name,
             "-n",
-            TENANT,
+            ns,
             "--overwrite",
             &format!("hami.io/vgpu-node={NODE}"),
             &format!("hami.io/vgpu-time={t}"),
@@ -277,13 +283,17 @@ fn schedule_and_bind_as_hami(n: &Node, name: &str, uuid: &str, mib: u64, cores: 
         ],
         None,
     );
-    bind(n, name);
+    bind_in(n, ns, name);
 }
 
 /// A Binding to the node: what a scheduler does last (KAI's binder for KAI pods).
 fn bind(n: &Node, name: &str) {
+    bind_in(n, TENANT, name);
+}
+
+fn bind_in(n: &Node, ns: &str, name: &str) {
     let (code, body) = n.api_post(
-        &format!("/api/v1/namespaces/{TENANT}/pods/{name}/binding"),
+        &format!("/api/v1/namespaces/{ns}/pods/{name}/binding"),
         &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}),
     );
@@ -291,7 +301,11 @@ fn bind(n: &Node, name: &str) {
 }
 
 fn running(n: &Node, name: &str) -> bool {
-    n.try_get("pod", TENANT, name).is_some_and(|p| {
+    running_in(n, TENANT, name)
+}
+
+fn running_in(n: &Node, ns: &str, name: &str) -> bool {
+    n.try_get("pod", ns, name).is_some_and(|p| {
         p["status"]["phase"] == "Running"
             && p["status"]["containerStatuses"][0]["ready"] == json!(true)
     })
@@ -306,13 +320,17 @@ fn wait_running(n: &Node, name: &str) -> Duration {
 }
 
 fn delete_pod(n: &Node, name: &str) {
+    delete_pod_in(n, TENANT, name);
+}
+
+fn delete_pod_in(n: &Node, ns: &str, name: &str) {
     n.ok(
         &[
             "delete",
             "pod",
             name,
             "-n",
-            TENANT,
+            ns,
             "--ignore-not-found",
             "--wait=true",
             "--timeout=60s",
@@ -1759,6 +1777,22 @@ const CASES: &[Case<Node>] = &[
         hostile::affinity_cost,
     ),
     (
+        "sessions: a namespace where the spec may set HAMi-core's variables",
+        sessions::allowed_namespace,
+    ),
+    (
+        "sessions in a HAMi pod: ssh, sudo -i, sudo -u, cron of a non-root user, login -f, su -, exec, bash -c, setsid, nohup",
+        sessions::sessions_in_a_hami_pod,
+    ),
+    (
+        "sessions in a KAI pod: ssh, sudo -i, sudo -u, cron of a non-root user, login -f, su -, exec, bash -c, setsid, nohup",
+        sessions::sessions_in_a_kai_pod,
+    ),
+    (
+        "README quick start: examples/node-ssh-demo.sh, an SSH login into a HAMi pod",
+        sessions::readme_ssh_demo,
+    ),
+    (
         "device list strategies under the real kubelet: volume-mounts, cdi-cri and cdi-annotations in the container",
         device_list_strategies,
     ),
@@ -1799,8 +1833,9 @@ fn main() -> ExitCode {
     // installs it for people.
     std::fs::write(
         &values,
-        json!({"devicePlugin": {"collector": {"intervalSeconds": 2, "graceSeconds": 1}}})
-            .to_string(),
+        json!({"devicePlugin": {"collector": {"intervalSeconds": 2, "graceSeconds": 1}},
+               "webhook": {"tenancy": {"allowHamiCoreEnvNamespaces": [sessions::ALLOWED_NS]}}})
+        .to_string(),
     )
     .unwrap();
     let kubelet_dir_before = Path::new("/var/lib/kubelet").exists();
