@@ -69,7 +69,7 @@ RUN set -eu; \
     for main in inspect/src/main.rs preload/src/bin/probe.rs webhook/src/main.rs \
                 device-plugin/src/main.rs certs/src/main.rs \
                 webhook/benches/decide.rs webhook/benches/kai_vram_index.rs webhook/benches/affinity_cost.rs \
-                bench/allocate/bench.rs tests/tests/real_cluster.rs tests/tests/real_node.rs; do \
+                bench/allocate/bench.rs tests/tests/real_cluster/main.rs tests/tests/real_node/main.rs; do \
         mkdir -p "$(dirname "$main")"; echo 'fn main() {}' > "$main"; \
     done; \
     cargo fetch --locked

@@ -9,7 +9,9 @@
 //! `run` does: its pod cache fed by a watch of the node's pods.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "../../tests/tests/allocate_support/mod.rs"]
+// The harness is shared with the Allocate tests; this benchmark uses part of it.
+#[allow(dead_code, missing_debug_implementations)]
+#[path = "../../tests/tests/it/allocate_support/mod.rs"]
 mod allocate_support;
 
 use std::time::{Duration, Instant};

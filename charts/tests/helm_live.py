@@ -9,13 +9,13 @@ Usage: helm_live.py KUBECONFIG ACTION RELEASE NAMESPACE [ARG]
   uninstall              helm uninstall
   history                the release's revisions, as JSON
 
-Prints the release as Helm stores it (hooks included; `get all`), or the history, as JSON on stdout. Used by tests/tests/real_cluster.rs.
+Prints the release as Helm stores it (hooks included; `get all`), or the history, as JSON on stdout. Used by tests/tests/real_cluster/main.rs.
 
 Hooks are off (Helm's --no-hooks) unless HAMI_HELM_HOOKS=1: the chart's certgen Jobs need a node to
-run on, and the control plane of tests/tests/real_cluster.rs has none; that test runs
+run on, and the control plane of tests/tests/real_cluster/main.rs has none; that test runs
 `hami-certgen create` and `patch` itself, on the host, with the hook ServiceAccount's token, where
 the pre- and post- hooks would run. With a node (`scripts/cluster up --with-chart`,
-tests/tests/real_node.rs) HAMI_HELM_HOOKS=1 runs them as Helm does: each hook Job on the node, Helm
+tests/tests/real_node/main.rs) HAMI_HELM_HOOKS=1 runs them as Helm does: each hook Job on the node, Helm
 waiting for it.
 """
 

@@ -3,7 +3,7 @@
 
 Usage: render_live.py SERVER_URL OUT_DIR [RELEASE] [NAMESPACE]
 
-Used by tests/tests/chart_live.rs with the in-process API server: after `hami-certgen create`, an
+Used by tests/tests/it/chart_live.rs with the in-process API server: after `hami-certgen create`, an
 upgrade render must carry the Secret's CA as the caBundle (no window without one before the
 post-upgrade patch Job runs).
 """

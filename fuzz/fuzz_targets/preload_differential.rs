@@ -9,7 +9,7 @@
 //! separated by 0xff bytes (names by 0xfe).
 #![no_main]
 
-#[path = "../../shared/tests/support/library_env.rs"]
+#[path = "../../shared/tests/it/library_env.rs"]
 mod library_env;
 
 use hami_shared::preload::{Kept, NodeView, VisibleGpus};

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/images builds the project's images exactly as the Dockerfile's final stages lay them out.
 
-    python3 tests/cluster/images_test.py        (cargo test runs it: tests/tests/images_layout.rs)
+    python3 tests/cluster/images_test.py        (cargo test runs it: tests/tests/it/images_layout.rs)
 
 The Dockerfile's stages `webhook`, `device-plugin` and `certgen` are read here on their own (a few
 regular expressions, independently of scripts/images); then `scripts/images build --only

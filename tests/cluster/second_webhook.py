@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A second mutating webhook for the reinvocation test (tests/tests/real_cluster.rs).
+"""A second mutating webhook for the reinvocation test (tests/tests/real_cluster/main.rs).
 
 Usage: second_webhook.py HOST PORT CERT KEY
 

@@ -1,4 +1,4 @@
-//! Markdown as the documentation tests read it (`tests/tests/docs_links.rs`,
+//! Markdown as the documentation tests read it (`tests/tests/it/docs_links.rs`,
 //! `docs_config_reference.rs`, `readme_commands.rs`): the prose outside code fences, headings and
 //! the anchors GitHub gives them, relative links, sections, table rows and their code spans.
 //!

@@ -199,7 +199,7 @@ impl FakeKubelet {
     }
 
     /// What kubelet v1.34 does when its registration server starts (`CleanupPluginDirectory`,
-    /// seen on the real node of tests/tests/real_node.rs): every **socket** of the folder is
+    /// seen on the real node of tests/tests/real_node/main.rs): every **socket** of the folder is
     /// removed, the checkpoint kept; folders and other files stay.
     fn cleanup_plugin_directory(&self) -> Result<(), KubeletError> {
         use std::os::unix::fs::FileTypeExt;

@@ -1,6 +1,6 @@
 //! The import graph of a crate's modules, read from its source text, and the first circle in it.
 //!
-//! One checker for every crate of the workspace (`tests/tests/module_graph.rs`): it resolves every
+//! One checker for every crate of the workspace (`tests/tests/it/module_graph.rs`): it resolves every
 //! `crate::…`, `super::…` and `self::…` path (in `use` items, braces expanded, and inline; comments
 //! and string literals excluded) to the module file it names. A module and its parent count as two
 //! modules: a `mod.rs` that uses its child while the child uses an item of the `mod.rs` is a circle

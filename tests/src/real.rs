@@ -1,4 +1,4 @@
-//! What the real-cluster tests (`tests/tests/real_cluster.rs`, `tests/tests/real_node.rs`) share:
+//! What the real-cluster tests (`tests/tests/real_cluster/main.rs`, `tests/tests/real_node/main.rs`) share:
 //! kubectl from the cluster's own build, the node lock's time format, waiting, the ordered case
 //! runner (one cluster for every case), and stopping the cluster (`scripts/cluster down`) on
 //! Ctrl-C or SIGTERM.
@@ -120,6 +120,32 @@ pub fn listed<C>(cases: &[Case<C>]) -> bool {
     for (name, _) in cases {
         let _ = writeln!(out, "{name}: test");
     }
+    true
+}
+
+/// Plain `cargo test` does not run these suites (a Kubernetes build, and for the node root): unless
+/// the arguments hold `--ignored` or `--include-ignored`, every case is reported as libtest reports
+/// an `#[ignore = "…"]` test, with `reason`, and the suite is not started. True when it is not to
+/// run.
+#[must_use]
+pub fn ignored_unless_asked<C>(test: &str, cases: &[Case<C>], reason: &str) -> bool {
+    if std::env::args().any(|a| a == "--ignored" || a == "--include-ignored") {
+        return false;
+    }
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "\nrunning {} tests", cases.len());
+    for (name, _) in cases {
+        let _ = writeln!(out, "test {name} ... ignored, {reason}");
+    }
+    let _ = writeln!(
+        out,
+        "\ntest result: ok. 0 passed; 0 failed; {} ignored; 0 measured; 0 filtered out\n",
+        cases.len()
+    );
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: NOT RUN ({reason}); run it with `cargo test -p hami-tests --test {test} -- --ignored`"
+    );
     true
 }
 

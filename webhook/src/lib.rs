@@ -9,7 +9,7 @@
 //!   node watch, the offline commands.
 //!
 //! Modules form an acyclic graph and `policy`/`wire` import nothing from `shell` (the workspace's
-//! `tests/tests/module_graph.rs` checks both).
+//! `tests/tests/it/module_graph.rs` checks both).
 #![forbid(unsafe_code)]
 
 pub mod policy;

@@ -158,7 +158,7 @@ fn mutate_gpu_container(
 /// not when the container sets `CUDA_DISABLE_CONTROL=true` where that is allowed, which turns that
 /// mount off), the hook folder `<hookPath>/vgpu` (HAMi-core, the preload library, the shared
 /// region) and, inside only, HAMi-core's lock folder (`/tmp/vgpulock`; an `emptyDir` at `/tmp` is
-/// common and hides nothing that matters). On a real node (`tests/tests/real_node.rs`) the pod's
+/// common and hides nothing that matters). On a real node (`tests/tests/real_node/main.rs`) the pod's
 /// mount is applied after the device plugin's: a file there would replace the limits in every
 /// process (an empty one: no limit), a folder over the hook folder would hide HAMi-core. Paths are
 /// compared cleaned, as the runtime reads them; the device plugin checks the same at `Allocate`

@@ -1,0 +1,8 @@
+//! `hami-certgen`'s integration tests, one binary.
+#![allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used,
+)]
+
+mod cluster;

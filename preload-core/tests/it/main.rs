@@ -1,0 +1,6 @@
+//! The preload decision's integration tests, one binary.
+#![allow(
+    clippy::unwrap_used,
+)]
+
+mod fraction;

@@ -1,0 +1,8 @@
+//! The preload library's integration tests, one binary.
+#![allow(
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unwrap_used,
+)]
+
+mod loader;
