@@ -1,13 +1,17 @@
 //! Test support for hami-limits: an in-process Kubernetes API server ([`apiserver`]) that the real
 //! `kube` client talks to over HTTP, a fake kubelet ([`kubelet`]) for device plugin tests, and what
 //! the real-cluster tests share ([`real`]), Markdown as the documentation tests read it
-//! ([`docs`]), a stand-in hook folder ([`hook`]), and the device plugin's `run` command in process
-//! ([`run_command`]).
+//! ([`docs`]), a stand-in hook folder ([`hook`]), the device plugin's `run` command in process
+//! ([`run_command`]), inventory files ([`inventory`]), a free port and the built binaries for tests
+//! that start processes ([`local`]), and a Node reflector ([`reflector`]).
 
 pub mod apiserver;
 pub mod docs;
 pub mod hook;
+pub mod inventory;
 pub mod kubelet;
+pub mod local;
 pub mod module_graph;
 pub mod real;
+pub mod reflector;
 pub mod run_command;

@@ -3,35 +3,15 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use hami_tests::reflector::reflect_nodes;
 use hami_tests::apiserver::{ApiServer, Fault, RequestMatch, Verb, fixtures};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-async fn reflect(server: &ApiServer) -> Store<Node> {
-    let (reader, writer) = reflector::store::<Node>();
-    let stream = watcher(
-        Api::<Node>::all(server.client()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .touched_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while stream.next().await.is_some() {}
-    });
-    tokio::time::timeout(WAIT, reader.wait_until_ready())
-        .await
-        .unwrap()
-        .unwrap();
-    reader
-}
 
 async fn store_has(store: &Store<Node>, names: &[String]) {
     let wait = async {
@@ -158,7 +138,7 @@ async fn watcher_recovers_from_failed_lists_and_dropped_watches() {
         1,
         Fault::DropConnection,
     );
-    let store = reflect(&server).await;
+    let store = reflect_nodes(&server, watcher::Config::default(), WAIT).await;
     let mut names: Vec<String> = (0..3).map(fixtures::node_name).collect();
     store_has(&store, &names).await;
     server
@@ -174,7 +154,7 @@ async fn stop_and_restart_on_the_same_port_keeps_data_and_watchers_resume() {
     let mut server = ApiServer::start().await.unwrap();
     let url = server.url().to_string();
     server.seed_all(fixtures::gpu_nodes(2).unwrap()).unwrap();
-    let store = reflect(&server).await;
+    let store = reflect_nodes(&server, watcher::Config::default(), WAIT).await;
     tokio::time::timeout(WAIT, server.wait_for_watchers::<Node>(1))
         .await
         .unwrap();

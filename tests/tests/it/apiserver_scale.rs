@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use hami_tests::reflector::reflect_nodes;
 use hami_tests::apiserver::{ApiServer, fixtures};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -18,19 +19,7 @@ const WAIT: Duration = Duration::from_secs(300);
 
 async fn reflect(server: &ApiServer, config: watcher::Config) -> (Store<Node>, Duration) {
     let started = Instant::now();
-    let (reader, writer) = reflector::store::<Node>();
-    let stream = watcher(Api::<Node>::all(server.client()), config)
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while stream.next().await.is_some() {}
-    });
-    tokio::time::timeout(WAIT, reader.wait_until_ready())
-        .await
-        .unwrap()
-        .unwrap();
+    let reader = reflect_nodes(server, config, WAIT).await;
     tokio::time::timeout(WAIT, server.wait_for_watchers::<Node>(1))
         .await
         .unwrap();

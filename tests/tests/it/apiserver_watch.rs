@@ -5,32 +5,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use hami_tests::reflector::reflect_nodes;
 use hami_tests::apiserver::{ApiServer, Verb, fixtures};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Starts a reflector over all nodes and waits until its initial list is in.
-async fn reflect(server: &ApiServer, config: watcher::Config) -> Store<Node> {
-    let (reader, writer) = reflector::store::<Node>();
-    let stream = watcher(Api::<Node>::all(server.client()), config)
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while stream.next().await.is_some() {}
-    });
-    tokio::time::timeout(WAIT, reader.wait_until_ready())
-        .await
-        .unwrap()
-        .unwrap();
-    reader
-}
 
 /// The store as name → `nvidia.com/gpu.product` label.
 fn view(store: &Store<Node>) -> BTreeMap<String, String> {
@@ -91,7 +74,7 @@ fn count(server: &ApiServer, verb: Verb) -> usize {
 async fn reflector_converges_after_creates_updates_deletes() {
     let server = ApiServer::start().await.unwrap();
     server.seed_all(fixtures::gpu_nodes(3).unwrap()).unwrap();
-    let store = reflect(&server, watcher::Config::default()).await;
+    let store = reflect_nodes(&server, watcher::Config::default(), WAIT).await;
     converged(&server, &store).await;
 
     let nodes: Api<Node> = Api::all(server.client());
@@ -125,7 +108,7 @@ async fn reflector_converges_after_creates_updates_deletes() {
 async fn dropped_stream_resumes_without_relisting() {
     let server = ApiServer::start().await.unwrap();
     server.seed_all(fixtures::gpu_nodes(3).unwrap()).unwrap();
-    let store = reflect(&server, watcher::Config::default()).await;
+    let store = reflect_nodes(&server, watcher::Config::default(), WAIT).await;
     tokio::time::timeout(WAIT, server.wait_for_watchers::<Node>(1))
         .await
         .unwrap();
@@ -161,7 +144,7 @@ async fn dropped_stream_resumes_without_relisting() {
 async fn expired_resource_version_makes_the_watcher_relist() {
     let mut server = ApiServer::start().await.unwrap();
     server.seed_all(fixtures::gpu_nodes(4).unwrap()).unwrap();
-    let store = reflect(&server, watcher::Config::default()).await;
+    let store = reflect_nodes(&server, watcher::Config::default(), WAIT).await;
     tokio::time::timeout(WAIT, server.wait_for_watchers::<Node>(1))
         .await
         .unwrap();
@@ -335,7 +318,7 @@ async fn bookmarks_and_timeout_seconds() {
 async fn streaming_list_initial_events() {
     let server = ApiServer::start().await.unwrap();
     server.seed_all(fixtures::gpu_nodes(5).unwrap()).unwrap();
-    let store = reflect(&server, watcher::Config::default().streaming_lists()).await;
+    let store = reflect_nodes(&server, watcher::Config::default().streaming_lists(), WAIT).await;
     converged(&server, &store).await;
     assert_eq!(count(&server, Verb::List), 0);
     let w = server
@@ -356,7 +339,7 @@ async fn http_410_at_watch_start_is_retried_with_the_same_version() {
     use hami_tests::apiserver::{Fault, RequestMatch};
     let server = ApiServer::start().await.unwrap();
     server.seed_all(fixtures::gpu_nodes(2).unwrap()).unwrap();
-    let store = reflect(&server, watcher::Config::default()).await;
+    let store = reflect_nodes(&server, watcher::Config::default(), WAIT).await;
     tokio::time::timeout(WAIT, server.wait_for_watchers::<Node>(1))
         .await
         .unwrap();

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use allocate_support::{Ctr, GPU_A, GPU_B, NODE, NS, WAIT, apply_webhook, dev, gpu_pod, uid};
+use hami_tests::inventory::TWO_H200;
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::app::RunOptions;
 use hami_device_plugin::cli::{Cli, Command};
@@ -24,17 +25,6 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const INVENTORY: &str = "
-- uuid: GPU-11111111-aaaa-4000-8000-000000000001
-  name: NVIDIA H200
-  memoryMib: 143771
-  numaNode: 0
-- uuid: GPU-22222222-bbbb-4000-8000-000000000002
-  name: NVIDIA H200
-  memoryMib: 143771
-  numaNode: 1
-";
 
 /// `GET path` over a fresh HTTP/1.1 connection: (status, body).
 async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
@@ -188,7 +178,7 @@ async fn probes_and_counters_on_the_run_path() {
     let kubelet_dir = dir.path().join("kubelet");
     std::fs::create_dir_all(&kubelet_dir).unwrap();
     let inventory = dir.path().join("inventory.yaml");
-    std::fs::write(&inventory, INVENTORY).unwrap();
+    std::fs::write(&inventory, TWO_H200).unwrap();
     let server = ApiServer::start().await.unwrap();
     server
         .seed(&hami_tests::apiserver::fixtures::gpu_node(NODE, 0).unwrap())
@@ -414,7 +404,7 @@ async fn probes_and_counters_on_the_run_path() {
     // A GPU turns unhealthy (the inventory file is re-read every second): the gauge follows.
     std::fs::write(
         &inventory,
-        INVENTORY.replace("  numaNode: 1\n", "  numaNode: 1\n  healthy: false\n"),
+        TWO_H200.replace("  numaNode: 1\n", "  numaNode: 1\n  healthy: false\n"),
     )
     .unwrap();
     let text = await_sample(
@@ -486,7 +476,7 @@ async fn region_verdicts_on_the_run_path() {
     let kubelet_dir = dir.path().join("kubelet");
     std::fs::create_dir_all(&kubelet_dir).unwrap();
     let inventory = dir.path().join("inventory.yaml");
-    std::fs::write(&inventory, INVENTORY).unwrap();
+    std::fs::write(&inventory, TWO_H200).unwrap();
     let server = ApiServer::start().await.unwrap();
     server
         .seed(&hami_tests::apiserver::fixtures::gpu_node(NODE, 0).unwrap())

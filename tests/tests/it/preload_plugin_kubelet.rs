@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hami_tests::inventory::ONE_H200;
 use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
 use hami_device_plugin::commands::serve_preload::{
     ServePreloadArgs, ServePreloadError, lifecycle, preload_plugin,
@@ -33,7 +34,7 @@ fn installed_hook(dir: &Path) -> PathBuf {
     let inventory = dir.join("gpus.yaml");
     std::fs::write(
         &inventory,
-        "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 143771}\n",
+        ONE_H200,
     )
     .unwrap();
     let hook = dir.join("hook");

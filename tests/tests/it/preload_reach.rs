@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+use hami_tests::inventory::ONE_H200;
 use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
 use hami_device_plugin::commands::plan::{PlanArgs, run_plan};
 use hami_device_plugin::commands::serve_preload::plugin::{allocate_response, inspect_hook};
@@ -35,7 +36,7 @@ fn installed_hook() -> (tempfile::TempDir, PathBuf) {
     let inventory = dir.path().join("gpus.yaml");
     std::fs::write(
         &inventory,
-        "- {uuid: GPU-aaaa, name: NVIDIA H200, memoryMib: 143771}\n",
+        ONE_H200,
     )
     .unwrap();
     let hook = dir.path().join("hook");

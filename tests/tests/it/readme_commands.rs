@@ -16,12 +16,12 @@
 //!   or a table entry the README no longer has, fails.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hami_tests::docs::code_blocks;
+use hami_tests::local::{binary, free_port};
 use hami_tests::real::{repo, text};
 
 /// The README's cluster commands, where each is exercised, and what that file must contain for it
@@ -169,20 +169,6 @@ fn cargo_run(command: &str) -> Option<(String, Vec<String>)> {
     ))
 }
 
-/// The workspace's built binary `name` (beside this test's `deps/` folder).
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap();
-    let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo build --bins` first (`cargo test --workspace --all-targets`, \
-         as scripts/test-all runs it, builds every binary before the tests)",
-        path.display()
-    );
-    path
-}
-
 fn hermetic(cmd: &mut Command) -> &mut Command {
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
@@ -240,14 +226,6 @@ fn one_shot_commands_succeed() {
         ran += 1;
     }
     assert!(ran >= 4, "only {ran} one-shot commands ran");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A plain HTTP/1.0 GET: the status code, or `None` when nothing answers yet.

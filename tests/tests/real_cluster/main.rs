@@ -22,12 +22,12 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::TcpListener;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use hami_tests::local::{binary, free_port};
 use hami_tests::real::{Case, ignored_unless_asked, listed, repo, rfc3339, run_cases, text, wait_for};
 
 mod peers;
@@ -44,19 +44,6 @@ const TENANT: &str = "tenant";
 const OFFLINE: &str = "tenant-offline";
 const WEBHOOK: &str = "mutate.hami-limits.hami.io";
 
-/// The workspace's built binaries (`cargo test --workspace --all-targets` builds them first).
-fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap();
-    let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo build --bins` (scripts/test-all builds every target)",
-        path.display()
-    );
-    path
-}
-
 fn python() -> String {
     let local = repo().join(".tools/py/bin/python");
     std::env::var("HAMI_CHART_PYTHON").unwrap_or_else(|_| {
@@ -66,14 +53,6 @@ fn python() -> String {
             "python3".to_owned()
         }
     })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The control plane and what the tests started into it.

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
+use hami_tests::local::free_port;
 use hami_webhook::policy::settings::Settings;
 use hami_webhook::shell::dev_mode::{DevCerts, generate_localhost};
 use http::{Request, StatusCode};
@@ -384,14 +385,6 @@ async fn idle_connections_never_lock_a_client_out_at_max_connections() {
         .unwrap_or_else(|_| panic!("{}: not evicted", first.what))
         .unwrap();
     server.stop().await;
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn write_pair(dir: &Path, certs: &DevCerts) {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hami_tests::inventory::TWO_H200;
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::allocation::executor::{Allocator, TimingLog};
 use hami_device_plugin::allocation::plan::AllocationSettings;
@@ -28,17 +29,6 @@ pub const NS: &str = "default";
 pub const GPU_A: &str = "GPU-11111111-aaaa-4000-8000-000000000001";
 pub const GPU_B: &str = "GPU-22222222-bbbb-4000-8000-000000000002";
 pub const WAIT: Duration = Duration::from_secs(10);
-
-const INVENTORY: &str = "
-- uuid: GPU-11111111-aaaa-4000-8000-000000000001
-  name: NVIDIA H200
-  memoryMib: 143771
-  numaNode: 0
-- uuid: GPU-22222222-bbbb-4000-8000-000000000002
-  name: NVIDIA H200
-  memoryMib: 143771
-  numaNode: 1
-";
 
 /// A device as the scheduler assigns it.
 pub fn dev(uuid: &str, mem: u64, cores: u32) -> ContainerDevice {
@@ -194,7 +184,7 @@ impl Harness {
         let kubelet_dir = dir.path().join("kubelet");
         std::fs::create_dir_all(&kubelet_dir).unwrap();
         let inventory = dir.path().join("inventory.yaml");
-        std::fs::write(&inventory, INVENTORY).unwrap();
+        std::fs::write(&inventory, TWO_H200).unwrap();
         let server = ApiServer::start().await.unwrap();
         server
             .seed(&hami_tests::apiserver::fixtures::gpu_node(NODE, 0).unwrap())
