@@ -4,7 +4,7 @@
 Usage: render.py OUT_DIR
 
 Writes OUT_DIR/<scenario>/<template file name> for every scenario below (the Rust test
-tests/tests/it/chart.rs parses every manifest into k8s-openapi types and asserts the key fields), and
+tests/tests/it/chart/ parses every manifest into k8s-openapi types and asserts the key fields), and
 checks here what only Helm can tell: lint is clean, each scenario passes the values schema, and the
 schema rejects bad values. Exits non-zero, naming the failure, on any problem.
 """
