@@ -1,6 +1,6 @@
 //! Property test of the `gpu-fraction` parser against an independent arbitrary-precision
 //! reference, over generated strings (default 200,000; set `HAMI_FRACTION_CASES` for more, e.g.
-//! `HAMI_FRACTION_CASES=2000000 cargo test --release -p hami-webhook --test kai_fraction_reference`).
+//! `HAMI_FRACTION_CASES=2000000 cargo test --release -p hami-webhook --test it kai_fraction_reference::`).
 //!
 //! The reference restates what KAI accepts in its own terms: Go's `strconv.ParseFloat` syntax
 //! without hex or `_` (which `resource.ParseQuantity` refuses), the value as a big integer times a
