@@ -3,7 +3,8 @@
 //! the real-cluster tests share ([`real`]), Markdown as the documentation tests read it
 //! ([`docs`]), a stand-in hook folder ([`hook`]), the device plugin's `run` command in process
 //! ([`run_command`]), inventory files ([`inventory`]), a free port and the built binaries for tests
-//! that start processes ([`local`]), and a Node reflector ([`reflector`]).
+//! that start processes ([`local`]), a Node reflector ([`reflector`]), and
+//! a pod read as JSON ([`pod_json`]).
 
 pub mod apiserver;
 pub mod docs;
@@ -12,6 +13,7 @@ pub mod inventory;
 pub mod kubelet;
 pub mod local;
 pub mod module_graph;
+pub mod pod_json;
 pub mod real;
 pub mod reflector;
 pub mod run_command;

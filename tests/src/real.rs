@@ -5,7 +5,7 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// Command output as text (lossy: kubectl and the scripts print UTF-8).
@@ -182,4 +182,133 @@ pub fn run_cases<C>(test: &str, cases: &[Case<C>], cluster: &mut C) -> (usize, V
         }
     }
     (passed, failed)
+}
+
+/// A peer's webhook stood in by a Python script of `tests/cluster/` over HTTPS, started by
+/// [`https_stand_in`].
+#[derive(Debug)]
+pub struct StandIn {
+    /// The script's process (recorded in the cluster's `pids/` so that `scripts/cluster down`
+    /// stops it whatever happens).
+    pub child: Child,
+    /// The port it serves on.
+    pub port: u16,
+    /// Its self-signed certificate, base64, for a webhook configuration's `caBundle`.
+    pub ca_bundle: String,
+}
+
+/// What [`https_stand_in`] starts.
+#[derive(Debug)]
+pub struct StandInSpec<'a> {
+    /// Where its certificate and key are written.
+    pub dir: &'a Path,
+    /// Its certificate's subject common name.
+    pub common_name: &'a str,
+    /// The address it serves on, also its certificate's IP subject alternative name.
+    pub ip: &'a str,
+    /// The script, then the arguments before `IP PORT CERT KEY`.
+    pub script: &'a Path,
+    pub before: &'a [&'a str],
+    /// Arguments after `IP PORT CERT KEY`.
+    pub after: &'a [&'a Path],
+    /// Its standard error.
+    pub log: &'a Path,
+    /// Its process id, for `scripts/cluster down`.
+    pub pid_file: &'a Path,
+}
+
+/// Start an HTTPS stand-in: a self-signed certificate for `spec.ip` (openssl), then
+/// `python3 SCRIPT BEFORE... IP PORT CERT KEY AFTER...` on a free port, returned once it printed
+/// `serving`.
+///
+/// # Errors
+/// When openssl or the script cannot be run, fails, or the script does not say `serving`.
+pub fn https_stand_in(spec: &StandInSpec<'_>) -> Result<StandIn, String> {
+    use base64::Engine as _;
+    use std::io::BufRead as _;
+
+    std::fs::create_dir_all(spec.dir).map_err(|e| format!("{}: {e}", spec.dir.display()))?;
+    let (cert, key) = (spec.dir.join("tls.crt"), spec.dir.join("tls.key"));
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+        ])
+        .arg(format!("/CN={}", spec.common_name))
+        .arg("-addext")
+        .arg(format!("subjectAltName=IP:{}", spec.ip))
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .map_err(|e| format!("cannot run openssl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("openssl req failed: {}", text(&out.stderr)));
+    }
+    let port = crate::local::free_port();
+    let log =
+        std::fs::File::create(spec.log).map_err(|e| format!("{}: {e}", spec.log.display()))?;
+    let mut child = Command::new("python3")
+        .arg(spec.script)
+        .args(spec.before)
+        .arg(spec.ip)
+        .arg(port.to_string())
+        .arg(&cert)
+        .arg(&key)
+        .args(spec.after)
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", spec.script.display()))?;
+    std::fs::write(spec.pid_file, child.id().to_string())
+        .map_err(|e| format!("{}: {e}", spec.pid_file.display()))?;
+    let mut ready = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        std::io::BufReader::new(stdout)
+            .read_line(&mut ready)
+            .map_err(|e| format!("{}: {e}", spec.script.display()))?;
+    }
+    if ready.trim() != "serving" {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!(
+            "{} did not say it was serving (said {ready:?}; its log: {})",
+            spec.script.display(),
+            spec.log.display()
+        ));
+    }
+    let pem = std::fs::read(&cert).map_err(|e| format!("{}: {e}", cert.display()))?;
+    Ok(StandIn {
+        child,
+        port,
+        ca_bundle: base64::engine::general_purpose::STANDARD.encode(pem),
+    })
+}
+
+/// KAI v0.17's MutatingWebhookConfiguration as its operator writes it
+/// (`pkg/operator/operands/admission/resources.go`), named `name`, calling `url`.
+#[must_use]
+pub fn kai_admission_configuration(name: &str, url: &str, ca_bundle: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "admission.run.ai", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
+            "clientConfig": {"url": url, "caBundle": ca_bundle},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "matchConditions": [{"name": "scheduler-name-match",
+                                 "expression": "object.spec.schedulerName == 'kai-scheduler'"}],
+        }],
+    })
 }

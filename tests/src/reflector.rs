@@ -16,7 +16,11 @@ use crate::apiserver::ApiServer;
 /// # Panics
 /// When the store is not ready within `wait` (the test fails, naming the wait).
 #[allow(clippy::expect_used)]
-pub async fn reflect_nodes(server: &ApiServer, config: watcher::Config, wait: Duration) -> Store<Node> {
+pub async fn reflect_nodes(
+    server: &ApiServer,
+    config: watcher::Config,
+    wait: Duration,
+) -> Store<Node> {
     let (reader, writer) = reflector::store::<Node>();
     let stream = watcher(Api::<Node>::all(server.client()), config)
         .default_backoff()

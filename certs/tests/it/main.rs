@@ -1,8 +1,4 @@
 //! `hami-certgen`'s integration tests, one binary.
-#![allow(
-    clippy::expect_used,
-    clippy::panic,
-    clippy::unwrap_used,
-)]
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
 mod cluster;

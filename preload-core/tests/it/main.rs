@@ -1,6 +1,4 @@
 //! The preload decision's integration tests, one binary.
-#![allow(
-    clippy::unwrap_used,
-)]
+#![allow(clippy::unwrap_used)]
 
 mod fraction;

@@ -1,8 +1,4 @@
 //! The preload library's integration tests, one binary.
-#![allow(
-    clippy::expect_used,
-    clippy::panic,
-    clippy::unwrap_used,
-)]
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
 mod loader;

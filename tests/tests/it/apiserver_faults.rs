@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use hami_tests::reflector::reflect_nodes;
 use hami_tests::apiserver::{ApiServer, Fault, RequestMatch, Verb, fixtures};
+use hami_tests::reflector::reflect_nodes;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::Store;

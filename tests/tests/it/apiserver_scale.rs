@@ -5,8 +5,8 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use hami_tests::reflector::reflect_nodes;
 use hami_tests::apiserver::{ApiServer, fixtures};
+use hami_tests::reflector::reflect_nodes;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;

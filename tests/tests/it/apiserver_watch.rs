@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
-use hami_tests::reflector::reflect_nodes;
 use hami_tests::apiserver::{ApiServer, Verb, fixtures};
+use hami_tests::reflector::reflect_nodes;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::reflector::Store;

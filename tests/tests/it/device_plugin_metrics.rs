@@ -11,13 +11,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use allocate_support::{Ctr, GPU_A, GPU_B, NODE, NS, WAIT, apply_webhook, dev, gpu_pod, uid};
-use hami_tests::inventory::TWO_H200;
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::app::RunOptions;
 use hami_device_plugin::cli::{Cli, Command};
 use hami_shared::region::fixture::{FixtureSlot, RegionFixture};
 use hami_shared::region::layout::V1_2;
 use hami_tests::apiserver::ApiServer;
+use hami_tests::inventory::TWO_H200;
 use hami_tests::kubelet::FakeKubelet;
 use hami_tests::run_command::RunCommand;
 use k8s_openapi::api::core::v1::{Node, Pod};

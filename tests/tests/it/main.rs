@@ -7,7 +7,7 @@
     clippy::large_enum_variant,
     clippy::panic,
     clippy::print_stderr,
-    clippy::unwrap_used,
+    clippy::unwrap_used
 )]
 
 mod allocate_concurrency;

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hami_tests::inventory::ONE_H200;
 use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
 use hami_device_plugin::commands::serve_preload::{
     ServePreloadArgs, ServePreloadError, lifecycle, preload_plugin,
@@ -18,6 +17,7 @@ use hami_device_plugin::regions::export::{PidView, RegionArgs};
 use hami_device_plugin::regions::podresources::v1;
 use hami_shared::region::fixture::RegionFixture;
 use hami_shared::region::layout::V1_2;
+use hami_tests::inventory::ONE_H200;
 use hami_tests::kubelet::FakeKubelet;
 use tokio::sync::oneshot;
 
@@ -32,11 +32,7 @@ fn installed_hook(dir: &Path) -> PathBuf {
     let preload = dir.join("libhami_preload.so");
     std::fs::write(&preload, b"\x7fELF preload").unwrap();
     let inventory = dir.join("gpus.yaml");
-    std::fs::write(
-        &inventory,
-        ONE_H200,
-    )
-    .unwrap();
+    std::fs::write(&inventory, ONE_H200).unwrap();
     let hook = dir.join("hook");
     install_hook(&InstallHookArgs {
         hami_core_dir: image,

@@ -8,11 +8,11 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_tests::inventory::ONE_H200;
 use hami_device_plugin::commands::install_hook::{InstallHookArgs, install_hook};
 use hami_device_plugin::commands::plan::{PlanArgs, run_plan};
 use hami_device_plugin::commands::serve_preload::plugin::{allocate_response, inspect_hook};
 use hami_device_plugin::kubelet::api::v1beta1;
+use hami_tests::inventory::ONE_H200;
 use hami_webhook::policy::kai::{HookDelivery, KaiSettings};
 use hami_webhook::policy::settings::Settings;
 use hami_webhook::{Decision, decide_pod};
@@ -34,11 +34,7 @@ fn installed_hook() -> (tempfile::TempDir, PathBuf) {
     let preload = dir.path().join("libhami_preload.so");
     std::fs::write(&preload, b"\x7fELF preload").unwrap();
     let inventory = dir.path().join("gpus.yaml");
-    std::fs::write(
-        &inventory,
-        ONE_H200,
-    )
-    .unwrap();
+    std::fs::write(&inventory, ONE_H200).unwrap();
     let hook = dir.path().join("hook");
     install_hook(&InstallHookArgs {
         hami_core_dir: image,

@@ -28,7 +28,10 @@ use std::process::{Child, Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use hami_tests::local::{binary, free_port};
-use hami_tests::real::{Case, ignored_unless_asked, listed, repo, rfc3339, run_cases, text, wait_for};
+use hami_tests::real::{
+    Case, StandIn, StandInSpec, https_stand_in, ignored_unless_asked, listed, repo, rfc3339,
+    run_cases, text, wait_for,
+};
 
 mod peers;
 use serde_json::{Value, json};
@@ -872,63 +875,21 @@ fn hami_settings_after_upgrade(c: &mut Cluster) {
 /// adds a GPU container; ours (reinvocationPolicy: IfNeeded) is called again and treats it as it
 /// would have at first. The stored pod equals `hami-webhook mutate` of the pod with both.
 fn reinvocation_with_a_second_webhook(c: &mut Cluster) {
-    let dir = c.work.path().join("second");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-    let out = Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=second-webhook",
-        ])
-        .arg("-addext")
-        .arg(format!("subjectAltName=IP:{}", c.host_ip))
-        .arg("-keyout")
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let port = free_port();
-    let log = std::fs::File::create(c.dir.join("logs/second-webhook.log")).unwrap();
-    let mut child = Command::new("python3")
-        .arg(repo().join("tests/cluster/second_webhook.py"))
-        .arg(&c.host_ip)
-        .arg(port.to_string())
-        .arg(&cert)
-        .arg(&key)
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    std::fs::write(c.dir.join("pids/second-webhook"), child.id().to_string()).unwrap();
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-        &mut ready,
-    )
+    let StandIn {
+        child,
+        port,
+        ca_bundle,
+    } = https_stand_in(&StandInSpec {
+        dir: &c.work.path().join("second"),
+        common_name: "second-webhook",
+        ip: &c.host_ip,
+        script: &repo().join("tests/cluster/second_webhook.py"),
+        before: &[],
+        after: &[],
+        log: &c.dir.join("logs/second-webhook.log"),
+        pid_file: &c.dir.join("pids/second-webhook"),
+    })
     .unwrap();
-    assert_eq!(ready.trim(), "serving");
-    let ca_bundle = {
-        let pem = std::fs::read(&cert).unwrap();
-        let mut b64 = Command::new("base64")
-            .arg("-w0")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        b64.stdin.take().unwrap().write_all(&pem).unwrap();
-        text(&b64.wait_with_output().unwrap().stdout)
-    };
     c.apply(&json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": "zz-second"},

@@ -7,6 +7,8 @@
 //! API server calls configurations sorted by name). This chart's own configuration stays Helm's.
 
 use super::*;
+use hami_tests::pod_json::{containers as containers_of, env_entries as entries};
+use hami_tests::real::{StandIn, StandInSpec, https_stand_in, kai_admission_configuration};
 
 /// KAI v0.17's configuration name (`pkg/apis/kai/v1/admission/admission.go`): after this chart's.
 const KAI_CONFIG: &str = "mutating-kai-admission";
@@ -30,54 +32,23 @@ impl Peers {
     fn start(c: &Cluster) -> Self {
         let dir = c.work.path().join("peers");
         std::fs::create_dir_all(&dir).unwrap();
-        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-        let out = Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-            ])
-            .args(["-nodes", "-days", "1", "-subj", "/CN=peers"])
-            .arg("-addext")
-            .arg(format!("subjectAltName=IP:{}", c.host_ip))
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
         let options = dir.join("options.json");
         std::fs::write(&options, "{}").unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(c.dir.join("logs/peers.log")).unwrap();
-        let mut child = Command::new("python3")
-            .arg(repo().join("tests/cluster/peers.py"))
-            .arg("serve")
-            .arg(&c.host_ip)
-            .arg(port.to_string())
-            .arg(&cert)
-            .arg(&key)
-            .arg(&options)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        std::fs::write(c.dir.join("pids/peers"), child.id().to_string()).unwrap();
-        let mut ready = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut ready,
-        )
+        let StandIn {
+            child,
+            port,
+            ca_bundle,
+        } = https_stand_in(&StandInSpec {
+            dir: &dir,
+            common_name: "peers",
+            ip: &c.host_ip,
+            script: &repo().join("tests/cluster/peers.py"),
+            before: &["serve"],
+            after: &[&options],
+            log: &c.dir.join("logs/peers.log"),
+            pid_file: &c.dir.join("pids/peers"),
+        })
         .unwrap();
-        assert_eq!(ready.trim(), "serving");
-        let ca_bundle = {
-            use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD.encode(std::fs::read(&cert).unwrap())
-        };
         Self {
             child,
             options,
@@ -90,8 +61,7 @@ impl Peers {
         std::fs::write(&self.options, options.to_string()).unwrap();
     }
 
-    /// KAI's MutatingWebhookConfiguration as its operator writes it
-    /// (`pkg/operator/operands/admission/resources.go`).
+    /// KAI's MutatingWebhookConfiguration, as its operator writes it.
     fn register_kai(&self, c: &Cluster, name: &str) {
         for other in [KAI_CONFIG, KAI_CONFIG_FIRST] {
             c.ok(
@@ -104,19 +74,11 @@ impl Peers {
                 None,
             );
         }
-        c.apply(&json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": name},
-            "webhooks": [{
-                "name": "admission.run.ai", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
-                "clientConfig": {"url": format!("{}/kai", self.url), "caBundle": self.ca_bundle},
-                "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                           "resources": ["pods"], "scope": "Namespaced"}],
-                "matchConditions": [{"name": "scheduler-name-match",
-                                     "expression": "object.spec.schedulerName == 'kai-scheduler'"}],
-            }],
-        }));
+        c.apply(&kai_admission_configuration(
+            name,
+            &format!("{}/kai", self.url),
+            &self.ca_bundle,
+        ));
     }
 
     /// HAMi's, as its chart renders it (`charts/hami/templates/scheduler/webhook.yaml`, defaults).
@@ -197,24 +159,6 @@ fn kai_pod_of(name: &str, annotations: Value, containers: &[(&str, bool)]) -> Va
         p["spec"]["initContainers"] = Value::from(init);
     }
     p
-}
-
-fn containers_of(pod: &Value) -> Vec<&Value> {
-    pod["spec"]["initContainers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .chain(pod["spec"]["containers"].as_array().into_iter().flatten())
-        .collect()
-}
-
-fn entries<'c>(c: &'c Value, name: &str) -> Vec<&'c Value> {
-    c["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["name"] == name)
-        .collect()
 }
 
 fn limits_files(pod: &Value) -> BTreeMap<String, String> {

@@ -28,7 +28,9 @@ use std::process::{Command, ExitCode, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use hami_device_plugin::kubelet::api::v1beta1;
-use hami_tests::real::{Case, ignored_unless_asked, listed, repo, rfc3339, run_cases, text, wait_for};
+use hami_tests::real::{
+    Case, ignored_unless_asked, listed, repo, rfc3339, run_cases, text, wait_for,
+};
 use serde_json::{Value, json};
 
 mod cdi;

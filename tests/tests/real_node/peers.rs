@@ -5,6 +5,7 @@
 //! cap while the other containers get none.
 
 use super::*;
+use hami_tests::real::{StandIn, StandInSpec, https_stand_in, kai_admission_configuration};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// KAI v0.17's configuration name: after this chart's `hami-hami-limits`.
@@ -28,71 +29,31 @@ impl Peers {
     fn start_as(n: &Node, config: &str) -> Self {
         let dir = n.dir.join("peers");
         std::fs::create_dir_all(&dir).unwrap();
-        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-        let out = Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-            ])
-            .args(["-nodes", "-days", "1", "-subj", "/CN=peers"])
-            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
-            .arg("-keyout")
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", text(&out.stderr));
         let options = dir.join("options.json");
         std::fs::write(&options, "{}").unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log = std::fs::File::create(n.dir.join("logs/peers.log")).unwrap();
-        let mut child = Command::new("python3")
-            .arg(repo().join("tests/cluster/peers.py"))
-            .args(["serve", "127.0.0.1", &port.to_string()])
-            .arg(&cert)
-            .arg(&key)
-            .arg(&options)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        std::fs::write(n.dir.join("pids/peers"), child.id().to_string()).unwrap();
-        let mut ready = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut ready,
-        )
+        let StandIn {
+            child,
+            port,
+            ca_bundle,
+        } = https_stand_in(&StandInSpec {
+            dir: &dir,
+            common_name: "peers",
+            ip: "127.0.0.1",
+            script: &repo().join("tests/cluster/peers.py"),
+            before: &["serve"],
+            after: &[&options],
+            log: &n.dir.join("logs/peers.log"),
+            pid_file: &n.dir.join("pids/peers"),
+        })
         .unwrap();
-        assert_eq!(ready.trim(), "serving");
-        let ca_bundle = {
-            use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD.encode(std::fs::read(&cert).unwrap())
-        };
         n.ok(
             &["apply", "-f", "-"],
             Some(
-                &json!({
-                    "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-                    "metadata": {"name": config},
-                    "webhooks": [{
-                        "name": "admission.run.ai", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-                        "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
-                        "clientConfig": {"url": format!("https://127.0.0.1:{port}/kai"), "caBundle": ca_bundle},
-                        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                                   "resources": ["pods"], "scope": "Namespaced"}],
-                        "matchConditions": [{"name": "scheduler-name-match",
-                                             "expression": "object.spec.schedulerName == 'kai-scheduler'"}],
-                    }],
-                })
+                &kai_admission_configuration(
+                    config,
+                    &format!("https://127.0.0.1:{port}/kai"),
+                    &ca_bundle,
+                )
                 .to_string(),
             ),
         );

@@ -625,7 +625,8 @@ async fn every_admission_log_line_names_the_request_uid() {
     let (status, _) = post(addr, ca, PLAIN_POD.to_owned()).await;
     assert_eq!(status, StatusCode::OK);
 
-    let mut denied: Value = serde_json::from_str(include_str!("../fixtures/hami-pod.json")).unwrap();
+    let mut denied: Value =
+        serde_json::from_str(include_str!("../fixtures/hami-pod.json")).unwrap();
     denied["request"]["uid"] = "deny-uid-0001".into();
     denied["request"]["object"]["spec"]["containers"][0]["securityContext"] =
         serde_json::json!({"privileged": true});

@@ -8,7 +8,6 @@
 //! shared with the parser). For every accepted value, `of(mib)` must equal
 //! `floor(value × mib)` computed with big integers.
 
-
 use hami_webhook::policy::kai::quantity::{Fraction, KaiValueError};
 use num_bigint::BigUint;
 

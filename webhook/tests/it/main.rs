@@ -1,10 +1,6 @@
 //! The webhook's integration tests, one binary (each test binary links the whole crate and its
 //! dependencies): one module per subject, `support` for what the server tests share.
-#![allow(
-    clippy::expect_used,
-    clippy::panic,
-    clippy::unwrap_used,
-)]
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
 
 mod cli;
 mod decide_table;

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 
 use base64::Engine as _;
 use hami_shared::values::CorePolicy;
+use hami_tests::pod_json::{containers as all_containers, env_entries};
 use hami_webhook::policy::basis::NoBasis;
 use hami_webhook::{Outcome, Settings, review};
 use serde_json::{Value, json};
@@ -186,30 +187,11 @@ fn kai_pod(name: &str, annotations: Value, containers: &[(&str, &str)]) -> Value
     p
 }
 
-fn all_containers(pod: &Value) -> Vec<&Value> {
-    let spec = &pod["spec"];
-    spec["initContainers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .chain(spec["containers"].as_array().into_iter().flatten())
-        .collect()
-}
-
 fn named<'p>(pod: &'p Value, name: &str) -> &'p Value {
     all_containers(pod)
         .into_iter()
         .find(|c| c["name"] == name)
         .unwrap_or_else(|| panic!("no container {name} in {pod:#}"))
-}
-
-fn env_entries<'c>(c: &'c Value, name: &str) -> Vec<&'c Value> {
-    c["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["name"] == name)
-        .collect()
 }
 
 /// One shape of KAI fraction pod: (label, annotations, containers as (name, `init`|`main`), the

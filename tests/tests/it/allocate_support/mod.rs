@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hami_tests::inventory::TWO_H200;
 use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::allocation::executor::{Allocator, TimingLog};
 use hami_device_plugin::allocation::plan::AllocationSettings;
@@ -18,6 +17,7 @@ use hami_device_plugin::kubelet::api::v1beta1;
 use hami_device_plugin::kubelet::plugin::Lifecycle;
 use hami_device_plugin::kubelet::service::SharedState;
 use hami_tests::apiserver::ApiServer;
+use hami_tests::inventory::TWO_H200;
 use hami_tests::kubelet::{FakeKubelet, PluginClient, RunningPlugin};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;

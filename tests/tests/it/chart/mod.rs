@@ -599,4 +599,3 @@ mod manifests;
 mod monitoring;
 mod policy;
 mod webhook;
-
