@@ -1,5 +1,5 @@
 //! What the webhook's server tests share: the in-process server on port 0 with its certificate
-//! files in a temporary folder, the plain-HTTP probes, TLS client configs. Each test binary
+//! files in a temporary folder, the plain-HTTP probes, TLS client configs. Each server test module
 //! (`server_e2e`, `hostile_clients`) uses a part.
 
 pub mod offline_online;

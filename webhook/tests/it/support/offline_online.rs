@@ -4,8 +4,8 @@
 //! the same warnings, the same denial text, and invalid for both or neither. `mutate`'s own output
 //! fed back to it must give the same pod again.
 //!
-//! Included with `#[path]` by the test binaries whose helpers decide pods (each of their pods is
-//! checked too) and by `cli.rs`, which runs it over the corpus of pods.
+//! Used by the test modules whose helpers decide pods (each of their pods is checked too) and by
+//! `cli.rs`, which runs it over the corpus of pods.
 
 use base64::Engine as _;
 use hami_webhook::policy::basis::VramBasis;
