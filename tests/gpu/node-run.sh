@@ -19,7 +19,9 @@
 #   CARRY/bin/{etcd,kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kubectl}.xz
 #   CARRY/bin/{containerd,containerd-shim-runc-v2,ctr,runc,hami-device-plugin}.xz
 #   CARRY/lib/libseccomp.so.2   CARRY/lib/libhami_preload.so (scripts/build-preload)
-#   CARRY/images/{images.txt,pause.tar.xz,workload.tar.xz} (scripts/images build DIR --only pause,workload)
+#   CARRY/bin/openssl, CARRY/lib/{libssl,libcrypto}.so.3 (Debian's, used where the machine has none)
+#   CARRY/images/{images.txt,pause.tar,workload.tar} (scripts/images build DIR --only pause,workload;
+#   their layers are gzip'd already: `xz` gains nothing)
 #
 #   tests/gpu/node-run.sh CARRY LIBVGPU PROBE    # as root; report in $OUT/node-run.md
 #
@@ -67,9 +69,18 @@ printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$w/lib" "$runc_dir/runc.r
 chmod 755 "$runc_dir/runc"
 echo runc > "$runc_dir/.complete"
 unxz_to "$w/bin" hami-device-plugin
+# scripts/cluster makes its certificates with openssl: Debian's, carried, where the machine has none.
+if ! command -v openssl >/dev/null && [ -x "$carry/bin/openssl" ]; then
+  mkdir -p "$w/openssl"
+  cp "$carry/bin/openssl" "$carry/lib/libssl.so.3" "$carry/lib/libcrypto.so.3" "$w/openssl/"
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$w/openssl" "$w/openssl/openssl" > "$w/bin/openssl"
+  chmod 755 "$w/bin/openssl"
+  row "openssl" info "none on the machine: Debian's $("$w/bin/openssl" version), carried"
+fi
 ln -sf "$k8s/kubectl" "$w/bin/kubectl"
 cp "$carry/images/images.txt" "$w/images/"
-for a in "$carry"/images/*.tar.xz; do xz -dc "$a" > "$w/images/$(basename "$a" .xz)"; done
+for a in "$carry"/images/*.tar; do cp "$a" "$w/images/"; done
+for a in "$carry"/images/*.tar.xz; do [ -f "$a" ] && xz -dc "$a" > "$w/images/$(basename "$a" .xz)"; done
 row "binaries" info "Kubernetes $K8S_VERSION, containerd $CONTAINERD_VERSION, runc $RUNC_VERSION ($("$runc_dir/runc" --version | head -1)), hami-device-plugin $(hami-device-plugin --version 2>&1)"
 
 # --- the node's address: kubelet refuses a loopback one ---------------------------------------------
