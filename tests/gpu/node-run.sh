@@ -198,16 +198,17 @@ spec:
           && /usr/sbin/sshd -p 2222 -o ListenAddress=127.0.0.1
           && (/probe/probe runtime 1500 900 > /tmp/entry.out 2>&1 &)
           && exec sleep infinity
-      readinessProbe: {exec: {command: [sh, -c, "grep -q '^granted' /tmp/entry.out"]}, periodSeconds: 1}
+      readinessProbe: {exec: {command: [sh, -c, "grep -qE '^(granted|refused|error)' /tmp/entry.out"]}, periodSeconds: 1}
       volumeMounts: [{name: probe, mountPath: /probe, readOnly: true}]
       resources:
         limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 50}
   volumes: [{name: probe, hostPath: {path: $w/probe, type: Directory}}]
 YAML
-if o=$("$repo/examples/node-schedule-as-hami.sh" tenant ssh-gpu 3000 50 "$uuid" 2>&1); then
+if o=$("$repo/examples/node-schedule-as-hami.sh" tenant ssh-gpu 3000 50 "$uuid" 2>&1) \
+  && kubectl -n tenant exec ssh-gpu -- grep -q '^granted' /tmp/entry.out; then
   check "HAMi pod (3000 MiB, 50 % cores) scheduled as HAMi would, Allocate'd, Ready" ok "$(kubectl -n tenant get pod ssh-gpu -o jsonpath='{.status.phase} on {.spec.nodeName}'); entrypoint: $(kubectl -n tenant exec ssh-gpu -- sh -c "grep -E '^(granted|refused|error)' /tmp/entry.out")"
 else
-  check "HAMi pod (3000 MiB, 50 % cores) scheduled as HAMi would, Allocate'd, Ready" FAILED "$o $(kubectl -n tenant describe pod ssh-gpu | tail -n 12) $(tail -n 5 "$w/cluster/logs/hami-device-plugin.log")"
+  check "HAMi pod (3000 MiB, 50 % cores) scheduled as HAMi would, Allocate'd, Ready" FAILED "$o $(kubectl -n tenant exec ssh-gpu -- sh -c 'tail -n 12 /tmp/entry.out; ls /dev/nvidia*' 2>&1) $(kubectl -n tenant logs ssh-gpu --previous 2>&1 | tail -n 5) $(kubectl -n tenant describe pod ssh-gpu | tail -n 12) $(tail -n 5 "$w/cluster/logs/hami-device-plugin.log")"
   exit 1
 fi
 kx() { kubectl -n tenant exec ssh-gpu -- "$@"; }
@@ -226,7 +227,8 @@ a=$(ssh_in '/probe/probe runtime 4096' 2>&1 | grep -E "$r")
 [[ $a == refused* && $a == *total=3000* ]] && check "ssh: asks for 4096 MiB" ok "$a" || check "ssh: asks for 4096 MiB" FAILED "$a"
 a=$(ssh_in 'CUDA_DEVICE_MEMORY_LIMIT=8192m CUDA_DEVICE_MEMORY_LIMIT_0=8192m /probe/probe runtime 4096' 2>&1 | grep -E "$r")
 [[ $a == refused* && $a == *total=3000* ]] && check "ssh: asks for 4096 MiB with CUDA_DEVICE_MEMORY_LIMIT[_0]=8192m of its own" ok "$a" || check "ssh: asks for 4096 MiB with CUDA_DEVICE_MEMORY_LIMIT[_0]=8192m of its own" FAILED "$a"
-smi=$(ssh_in 'nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader,nounits' 2>&1 | tail -n 1)
+# (HAMi-core's own log lines, on by LIBCUDA_LOG_LEVEL, left out: only nvidia-smi's CSV line)
+smi=$(ssh_in 'nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader,nounits' 2>&1 | grep -E '^ *[0-9]+, *[0-9]+ *$' | tail -n 1)
 total=$(echo "$smi" | cut -d, -f1 | tr -d ' '); used=$(echo "$smi" | cut -d, -f2 | tr -d ' ')
 [ "$total" = 3000 ] && [ "${used:-0}" -ge 1500 ] 2>/dev/null \
   && check "ssh: nvidia-smi shows the cap, the entrypoint's memory in use" ok "memory.total $total MiB, memory.used $used MiB (nvidia-smi on the host: $(nvidia-smi --query-gpu=memory.total,memory.used --format=csv,noheader -i 0))" \
