@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One review's cost against its size: the oversized reviews of issue 15 (gen.py) answered by the
+# One review's cost against its size: the oversized reviews written by gen.py, answered by the
 # release `hami-webhook review` (the same parse + decide + encode the server runs per request), each
 # under /usr/bin/time -v: wall time, peak RSS, answer and response size. Writes results.md.
 #

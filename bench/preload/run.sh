@@ -17,7 +17,7 @@
 # Needs root, unshare, cc, python3, mknod. LIB defaults to the shipped artifact
 # (scripts/build-preload). Writes OUT (default bench/preload/results.md; also printed): per
 # variant the median over the rounds of each round's median exec, and for our library the cost
-# over the empty one per round, its median and its best round. Targets (issue 22): at most 25 µs
+# over the empty one per round, its median and its best round. Targets (what a container start can spare): at most 25 µs
 # over the empty library (best of the rounds), at most 10 % of what libvgpu.so itself costs over
 # the empty library, at most 64 KiB on disk.
 set -euo pipefail

@@ -24,9 +24,8 @@
 //!
 //! The minimum GPU memory is then the smallest over the matching nodes (`O(N/64 + matches)`).
 //! Upserting or removing a node costs `O(L)` hash operations for its `L` labels.
-//! The set evaluation is in [`sets`]. (Over 500 lines: the interner, the index and its compiled
-//! lookup share private types, so they stay one file beside the table and equivalence tests that
-//! pin them.)
+//! The set evaluation is in [`sets`]. The interner, the index and its compiled lookup share private
+//! types, so they stay one file beside the table and equivalence tests that pin them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
