@@ -254,8 +254,8 @@ impl VramIndex {
     /// Read a NodeList (`kubectl get nodes -o json`; a single Node or a plain array also work).
     ///
     /// # Errors
-    /// A message when the JSON or YAML does not hold nodes.
-    pub fn from_node_list(text: &[u8]) -> Result<Self, String> {
+    /// The parser's error when the JSON or YAML does not hold nodes (the caller names the file).
+    pub fn from_node_list(text: &[u8]) -> Result<Self, serde_yaml_ng::Error> {
         #[derive(Deserialize)]
         struct Meta {
             #[serde(default)]
@@ -274,8 +274,7 @@ impl VramIndex {
             One(Item),
             Array(Vec<Item>),
         }
-        let input: Input = serde_yaml_ng::from_slice(text)
-            .map_err(|e| format!("not a NodeList (kubectl get nodes -o json): {e}"))?;
+        let input: Input = serde_yaml_ng::from_slice(text)?;
         let items = match input {
             Input::List { items } | Input::Array(items) => items,
             Input::One(item) => vec![item],
