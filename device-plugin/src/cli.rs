@@ -113,61 +113,17 @@ pub enum Command {
     /// Install HAMi-core and the preload library into HOOK/vgpu, with a generated ld.so.preload,
     /// and publish the node GPU file HOOK/vgpu/node-gpus.
     ///
-    /// Run it on the host's hook path before `run` (the DaemonSet's init container).
+    /// Run it on the host's hook path before `run` (the DaemonSet's init container). node-gpus
+    /// (HAMI_NODE_GPUS_FORMAT=1) lists each GPU's minor, UUID and MiB, from NVML or --inventory.
+    /// Each file is written atomically as mode 0644, the libraries first and
+    /// HOOK/vgpu/ld.so.preload last, after both libraries were checked (regular, non-empty,
+    /// starting with \x7fELF); a file that already has the same bytes is left "unchanged".
+    /// Without a GPU list node-gpus is not published: give the container NVML
+    /// (NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=utility) or pass --inventory.
+    /// Exit status: 0 on success, 2 for an invalid --hook-path, 1 for any other failure.
     ///
-    /// Installs, in this order, each as mode 0644:
-    ///
-    ///   HOOK/vgpu/libvgpu.so          HAMi-core, from --hami-core-dir DIR: DIR must hold exactly
-    ///                                 one of libvgpu.so or libvgpu.so.<version> (HAMi images since
-    ///                                 v2.5 carry only libvgpu.so.<version>, e.g. libvgpu.so.v2.10.0);
-    ///                                 none, both, or two versions is an error listing what DIR
-    ///                                 holds. Symbolic links to a regular file are followed (two
-    ///                                 names of one file count once); a directory is an error.
-    ///   HOOK/vgpu/libhami_preload.so  the preload library --preload FILE (it loads /overrideEnv
-    ///                                 into the environment before main).
-    ///   HOOK/vgpu/node-gpus           generated: each GPU's minor number (/dev/nvidiaN), UUID and
-    ///                                 total MiB, from NVML, or with --inventory FILE
-    ///                                 (HAMI_INVENTORY; the YAML list `run --inventory` reads)
-    ///                                 from that file:
-    ///                                   HAMI_NODE_GPUS_FORMAT=1
-    ///                                   NVIDIA0_MIB=143771
-    ///                                   NVIDIA0_UUID=GPU-...
-    ///                                 The preload library reads it in KAI gpu-fraction
-    ///                                 containers (cap = fraction x MiB of the GPUs they see).
-    ///   HOOK/vgpu/ld.so.preload       generated, never copied (an image's copy hard-codes
-    ///                                 /usr/local/vgpu, HAMi#2017); exactly two lines:
-    ///                                   HOOK/vgpu/libhami_preload.so
-    ///                                   HOOK/vgpu/libvgpu.so
-    ///
-    /// HOOK (--hook-path, HAMI_HOOK_PATH, default /usr/local) must be absolute, without whitespace,
-    /// ':' or '..'; a trailing slash is dropped. HOOK/vgpu and HOOK/vgpu/containers are created
-    /// (0755) when missing.
-    ///
-    /// Both libraries are checked before anything is written: regular (after symbolic links),
-    /// readable, non-empty, starting with the ELF magic \x7fELF. Each file is written to a
-    /// temporary file beside it (.<name>.hami-tmp.<pid>...), fsync'd, renamed over the final name
-    /// and the directory fsync'd, so a library running processes map is never overwritten in
-    /// place. The libraries and node-gpus go first and ld.so.preload last: after any failure
-    /// ld.so.preload is the previous complete one or absent, never naming a missing library, and
-    /// a new ld.so.preload finds this run's node-gpus. Leftover temporary
-    /// files of an interrupted run are removed before installing. A file that already has the
-    /// same bytes and mode is not rewritten ("unchanged"), so running it twice changes nothing.
-    ///
-    /// No GPU list (NVML cannot be loaded and no --inventory, or the source lists no GPU): the
-    /// libraries and ld.so.preload are installed, node-gpus is not published and one left by an
-    /// earlier run is removed (a wrong file is worse than none: readers keep the admission-time
-    /// cap), a warning says what to do, exit 0. Give the container NVML (NVIDIA runtime,
-    /// NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=utility) or pass --inventory.
-    ///
-    /// A GPU list that cannot be read (inventory file unreadable or malformed, an NVML call failing
-    /// for a GPU) or a GPU node-gpus cannot hold (minor above 254, memory not in 1..=16 TiB, a UUID
-    /// not of [A-Za-z0-9._-], two GPUs with one minor) is an error naming the GPU: nothing is
-    /// installed, and a node-gpus already there is removed (this run cannot vouch for it).
-    ///
-    /// Prints one line per file: `installed PATH (...)` or `unchanged PATH (...)`, node-gpus
-    /// followed by one line per GPU (`  /dev/nvidiaN UUID MiB MiB`); `removed PATH (...)` for a
-    /// withdrawn node-gpus. Exit status: 0 on success, 2 for an invalid --hook-path, 1 for any
-    /// other failure (the message names the path or the GPU).
+    /// The whole contract (file order, failures, output): docs/design.md, "The preload library",
+    /// and "The node GPU file".
     #[command(verbatim_doc_comment)]
     InstallHook(crate::commands::install_hook::InstallHookArgs),
     /// Serve the hami.io/preload resource to kubelet until SIGTERM: its Allocate mounts

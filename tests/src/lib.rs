@@ -4,6 +4,10 @@
 //! ([`docs`]), a stand-in hook folder ([`hook`]), and the device plugin's `run` command in process
 //! ([`run_command`]).
 
+/// This crate's results: each room names its own error (`Result<T, KubeletError>`); a test's own
+/// function, which `?`s over several of them, takes the default.
+pub type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
 pub mod apiserver;
 pub mod docs;
 pub mod hook;
