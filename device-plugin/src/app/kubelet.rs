@@ -13,8 +13,8 @@ use tokio::task::JoinHandle;
 
 use super::ops::OpsServer;
 use super::{AppError, Discovered, discover};
-use crate::allocation::device_list::{DeviceListSettings, NodeDevices};
-use crate::allocation::mig::MigAllocate;
+use crate::allocation::plan::device_list::{DeviceListSettings, NodeDevices};
+use crate::allocation::shell::mig::MigAllocate;
 use crate::cli::{RunArgs, SourceArgs};
 use crate::gpu::devices::{Advertised, DeviceTable};
 use crate::gpu::health::HealthCheckPolicy;

@@ -24,7 +24,7 @@ use hami_shared::names::{
     LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH, LIBHAMI_PRELOAD_SO, LIBVGPU_SO, OVERRIDE_ENV_PATH,
 };
 
-use super::plan::AllocationPlan;
+use crate::allocation::plan::AllocationPlan;
 
 /// What installs our layout.
 const INSTALL_HOOK: &str = "hami-device-plugin install-hook (the chart's install-hook init container: devicePlugin.hamiCore.install=true)";
@@ -324,7 +324,7 @@ impl HookFolder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocation::codec::ContainerDevice;
+    use crate::allocation::plan::codec::ContainerDevice;
     use crate::allocation::plan::{AllocationSettings, plan_container};
     use hami_shared::values::LimitDelivery;
 
