@@ -92,11 +92,19 @@ fn start_region_exporter(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let exporter = RegionExporter::new(&ctx.node_name, source, settings, Some(tx));
     ctx.metrics.set_regions(exporter.registry());
-    // Ends when the exporter, the channel's only sender, has stopped.
-    ctx.tasks.spawn(events::publish(
+    // The exporter's sender lives as long as the metrics registry holds the exporter: the
+    // publisher stops on the signal, not when the channel closes.
+    let publish = events::publish(
         crate::node_register::recorder(client.clone(), &ctx.node_name),
         rx,
-    ));
+    );
+    let stop = ctx.tasks.until_stopped();
+    ctx.tasks.spawn(async move {
+        tokio::select! {
+            () = stop => {}
+            () = publish => {}
+        }
+    });
     tracing::info!(
         interval_s = settings.interval.as_secs_f64(),
         scrape_files = settings.scrape_files,

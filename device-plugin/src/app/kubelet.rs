@@ -22,9 +22,7 @@ use crate::gpu::inventory::{Gpu, GpuInventory, InventoryError};
 use crate::gpu::mig::MigStrategy;
 use crate::kubelet::api;
 use crate::kubelet::plugin::{self, Lifecycle};
-use crate::kubelet::service::{
-    AllocateHandler, PendingPodDevices, SharedState, spawn_health_updates_all,
-};
+use crate::kubelet::service::{AllocateHandler, PendingPodDevices, SharedState, health_updates};
 use crate::metrics::Metrics;
 use crate::settings::PluginSettings;
 
@@ -148,6 +146,7 @@ pub(super) fn watch_health(
     advertised: &Advertised,
     policy: &HealthCheckPolicy,
     states: &[(String, Arc<SharedState>)],
+    tasks: &super::tasks::TaskStop,
 ) -> Result<(), AppError> {
     let watched: Vec<String> = advertised
         .resources
@@ -161,10 +160,18 @@ pub(super) fn watch_health(
         .collect();
     let (health_tx, health_rx) = mpsc::unbounded_channel();
     inventory.watch_health(&watched_gpus, policy, health_tx)?;
-    spawn_health_updates_all(
+    // On the stop, the receiver is dropped: the watch sees its channel closed and ends.
+    let updates = health_updates(
         states.iter().map(|(_, s)| Arc::clone(s)).collect(),
         health_rx,
     );
+    let stop = tasks.until_stopped();
+    tasks.spawn(async move {
+        tokio::select! {
+            () = stop => {}
+            () = updates => {}
+        }
+    });
     Ok(())
 }
 

@@ -277,6 +277,7 @@ async fn serve<S: Future<Output = ()>>(
         &advertised,
         &start.health,
         &states,
+        tasks,
     )?;
     let devices_task = spawn_device_counts(&states, Arc::clone(metrics), ops.until_stopped());
     let register_task = client.map(|client| {

@@ -181,19 +181,24 @@ async fn start_exporter(
     } else {
         None
     };
+    let until = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
     let events = pods.as_ref().map(|(client, node)| {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(events::publish(
-            crate::node_register::recorder(client.clone(), node),
-            rx,
-        ));
+        // The metrics registry keeps the exporter, and so the sender, alive: stop on the signal.
+        let publish = events::publish(crate::node_register::recorder(client.clone(), node), rx);
+        let stopped = until(stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stopped => {}
+                () = publish => {}
+            }
+        });
         tx
     });
     let node = args.node_name.clone().unwrap_or_default();
     let exporter = RegionExporter::new(&node, slots.clone(), settings, events);
-    let until = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
     let socket = args.pod_resources_socket.clone();
     let before = move || {
         let (slots, socket, pods) = (slots.clone(), socket.clone(), pods.clone());
