@@ -2,16 +2,17 @@
 
 use std::sync::Arc;
 
-use super::{AppError, RunContext, seconds};
+use super::{RunContext, seconds};
 use crate::allocation::shell::{collector, executor};
 use crate::kubelet::service::AllocateHandler;
 
-/// The `Allocate` handler `run` installs: the [`executor::Allocator`] with its settings from the
-/// device and node config (dynamic MIG refused here, at start), reading pods from the run's
-/// `PodCache` (fed by a watch of the node's pods), and the [`collector::Collector`]
-/// started beside it, stopped with the run ([`RunContext::tasks`]). Without an API server client (`--skip-node-register`) the pod cannot be
-/// found, so only `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
-pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler>, AppError> {
+/// The `Allocate` handler `run` installs: the [`executor::Allocator`] with the allocation
+/// settings `run` built at start ([`RunContext::allocation`]: dynamic MIG already refused),
+/// reading pods from the run's `PodCache` (fed by a watch of the node's pods), and the
+/// [`collector::Collector`] started beside it, stopped with the run ([`RunContext::tasks`]).
+/// Without an API server client (`--skip-node-register`) the pod cannot be found, so only
+/// `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
+pub fn make_allocate_handler(ctx: &RunContext) -> crate::Result<Arc<dyn AllocateHandler>> {
     // Built once at start, by the constructor `plan` uses too.
     let settings = ctx.allocation.clone();
     let collect = collector::CollectorSettings {
@@ -76,7 +77,7 @@ fn start_region_exporter(
     ctx: &RunContext,
     client: &kube::Client,
     containers_dir: std::path::PathBuf,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     use crate::regions::{RegionExporter, events, hami::HamiFolders};
     let Some(settings) = ctx.allocate_regions.settings()? else {
         tracing::info!("region exporter off (--region-interval=0)");

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::AppError;
 use super::tasks::TaskStop;
 use crate::allocation::shell::pod_lookup::cache::PodCache;
 use crate::allocation::shell::pod_lookup::locator::KubePendingPod;
@@ -26,7 +25,7 @@ pub(super) async fn connect(
     client: Option<kube::Client>,
     node_name: &str,
     tasks: &TaskStop,
-) -> Result<(Option<kube::Client>, Option<Arc<PodCache>>), AppError> {
+) -> crate::Result<(Option<kube::Client>, Option<Arc<PodCache>>)> {
     let client = match client {
         _ if args.skip_node_register => None,
         Some(client) => Some(client),

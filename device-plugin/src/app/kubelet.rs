@@ -39,7 +39,7 @@ pub(super) async fn wait_for_gpus<S: Future<Output = ()>>(
     ops: &OpsServer,
     metrics: &Metrics,
     shutdown: &mut Pin<&mut S>,
-) -> Result<Option<Discovered>, AppError> {
+) -> crate::Result<Option<Discovered>> {
     let kubelet_socket = args.kubelet_dir.join(api::KUBELET_SOCKET);
     loop {
         let reason = match discover(&args.source, settings) {
@@ -115,7 +115,7 @@ pub(super) fn plugin_states(
     (device_list, node_devices): (&DeviceListSettings, &NodeDevices),
     allocate: &Arc<dyn AllocateHandler>,
     pending: &Arc<dyn PendingPodDevices>,
-) -> Result<Vec<(String, Arc<SharedState>)>, AppError> {
+) -> crate::Result<Vec<(String, Arc<SharedState>)>> {
     let mut states = Vec::with_capacity(advertised.resources.len());
     for r in &advertised.resources {
         let handler: Arc<dyn AllocateHandler> = if r.table.is_mig() {
@@ -147,7 +147,7 @@ pub(super) fn watch_health(
     policy: &HealthCheckPolicy,
     states: &[(String, Arc<SharedState>)],
     tasks: &super::tasks::TaskStop,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let watched: Vec<String> = advertised
         .resources
         .iter()
@@ -182,7 +182,7 @@ pub(super) async fn serve_plugins<S: Future<Output = ()>>(
     ops: &OpsServer,
     metrics: &Arc<Metrics>,
     shutdown: &mut Pin<&mut S>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let (plugins_stop, plugins_stopped) = watch::channel(false);
     let mut others = Vec::new();
     let mut serving = Vec::new();

@@ -180,7 +180,7 @@ pub fn node_score(
     source: &SourceArgs,
     inventory: &dyn GpuInventory,
     table: &DeviceTable,
-) -> Result<Option<topology::Scores>, AppError> {
+) -> crate::Result<Option<topology::Scores>> {
     if !source.topology_score {
         return Ok(None);
     }
@@ -206,7 +206,7 @@ pub fn open_inventory(source: &SourceArgs) -> Result<Box<dyn GpuInventory>, Inve
     }
 }
 
-fn seconds(flag: &'static str, value: f64) -> Result<Duration, AppError> {
+fn seconds(flag: &'static str, value: f64) -> crate::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
         .filter(|d| !d.is_zero())
@@ -226,7 +226,7 @@ fn registered_table(advertised: &Advertised, settings: &PluginSettings) -> Devic
 type Discovered = (Box<dyn GpuInventory>, Vec<Gpu>, Advertised);
 
 /// Opens the inventory, lists the GPUs and decides what to advertise.
-fn discover(source: &SourceArgs, settings: &PluginSettings) -> Result<Discovered, AppError> {
+fn discover(source: &SourceArgs, settings: &PluginSettings) -> crate::Result<Discovered> {
     let inventory = open_inventory(source)?;
     let found = inventory.discover()?;
     let advertised = advertise(found.clone(), &advertise_settings(source, settings))?;

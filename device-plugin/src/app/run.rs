@@ -69,9 +69,9 @@ impl std::fmt::Debug for RunContext {
 /// handler from the resolved context (the extension point of the allocation logic).
 pub async fn run(
     args: RunArgs,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     run_with_client(args, None, make_allocate, shutdown).await
 }
 
@@ -80,9 +80,9 @@ pub async fn run(
 pub async fn run_with_client(
     args: RunArgs,
     client: Option<kube::Client>,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let options = RunOptions {
         client,
         ..RunOptions::default()
@@ -113,9 +113,9 @@ impl std::fmt::Debug for RunOptions {
 pub async fn run_with_options(
     args: RunArgs,
     options: RunOptions,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let RunOptions {
         client,
         metrics_listener,
@@ -147,7 +147,7 @@ pub async fn run_with_options(
 }
 
 /// `--metrics-listen`: the address bound, or `None` when empty or `off`.
-async fn bind_metrics_listener(listen: &str) -> Result<Option<tokio::net::TcpListener>, AppError> {
+async fn bind_metrics_listener(listen: &str) -> crate::Result<Option<tokio::net::TcpListener>> {
     let Some(addr) = crate::metrics::parse_listen(listen)? else {
         return Ok(None);
     };
@@ -166,7 +166,7 @@ struct StartSettings {
 }
 
 impl StartSettings {
-    fn resolve(args: &RunArgs) -> Result<Self, AppError> {
+    fn resolve(args: &RunArgs) -> crate::Result<Self> {
         let settings = load_settings(&args.source)?;
         let node_name = args
             .source
@@ -221,11 +221,11 @@ async fn serve<S: Future<Output = ()>>(
     args: &RunArgs,
     start: &StartSettings,
     client: Option<kube::Client>,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
     (metrics, tasks): (&Arc<Metrics>, &TaskStop),
     ops: &OpsServer,
     shutdown: &mut Pin<&mut S>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let settings = &start.settings;
     let Some((inventory, found, advertised)) =
         wait_for_gpus(args, settings, ops, metrics, shutdown).await?

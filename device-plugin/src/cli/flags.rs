@@ -19,7 +19,7 @@ use crate::regions::PidView;
 use crate::regions::export::RegionArgs;
 
 /// The device list flags of `run` and `plan`, with HAMi's flag and variable names. Values are
-/// kept as given and parsed by [`DeviceListFlags::parse`], so that an error names the variable.
+/// kept as given and parsed by [`DeviceListArgs::parse`], so that an error names the variable.
 #[derive(Debug, Clone, Default, Args)]
 pub struct DeviceListFlags {
     /// How the container runtime learns the devices: a comma-separated list of envvar,

@@ -19,7 +19,7 @@ use crate::regions::{
     ExportSettings, Folder, FolderSource, LimitsAt, Owner, PidView, RegionExporter,
 };
 
-/// `regions` flags.
+/// What `regions` is asked (its flags, as the command line parsed them).
 #[derive(Debug, Clone)]
 pub struct RegionsArgs {
     /// The hook path whose `vgpu/containers` folders are read (HOOK as for `run`).

@@ -61,7 +61,7 @@ pub const DIR_MODE: u32 = 0o755;
 /// How many names of the scanned directory an error lists at most.
 const LISTED_NAMES: usize = 20;
 
-/// `install-hook` flags.
+/// What `install-hook` is asked (its flags, as the command line parsed them).
 #[derive(Debug, Clone)]
 pub struct InstallHookArgs {
     /// Directory holding HAMi-core's library: exactly one of `libvgpu.so` or

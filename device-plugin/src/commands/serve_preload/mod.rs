@@ -17,9 +17,9 @@ use crate::commands::install_hook::{InstallHookError, normalise_hook_path};
 use crate::kubelet::plugin::{Lifecycle, LifecycleError, serve};
 pub mod plugin;
 
-use plugin::{HookError, PreloadPlugin, inspect_hook};
+use plugin::{PreloadHookError, PreloadPlugin, inspect_hook};
 
-/// `serve-preload` flags.
+/// What `serve-preload` is asked (its flags, as the command line parsed them).
 #[derive(Debug, Clone)]
 pub struct ServePreloadArgs {
     /// HAMi's hook path on the host, `HOOK` (the value `install-hook` was given): the files are
@@ -56,7 +56,7 @@ pub enum ServePreloadError {
     HookPath(#[from] InstallHookError),
     /// The hook folder is not what `install-hook` leaves.
     #[error("the hook folder cannot be handed to containers: {0}")]
-    Hook(#[from] HookError),
+    Hook(#[from] PreloadHookError),
     /// The socket could not be served.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),

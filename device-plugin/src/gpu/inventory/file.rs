@@ -328,7 +328,7 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
                 path: path.to_path_buf(),
                 position,
                 uuid,
-                problem,
+                problem: Box::new(problem),
             })?;
         gpus.push(gpu);
     }
@@ -448,7 +448,7 @@ pub fn parse_links(path: &Path, text: &str) -> Result<Vec<GpuLinks>, InventoryEr
             path: path.to_path_buf(),
             position,
             uuid: entry.uuid.clone(),
-            problem,
+            problem: Box::new(problem),
         };
         let mut links: Vec<PeerLink> = Vec::with_capacity(entry.links.len());
         for link in &entry.links {

@@ -108,7 +108,7 @@ pub enum InventoryError {
         /// The UUID as written.
         uuid: String,
         /// What is wrong and what would be accepted.
-        problem: file::GpuEntryError,
+        problem: Box<file::GpuEntryError>,
     },
     /// The backend cannot tell how GPUs are linked (`ENABLE_TOPOLOGY_SCORE`).
     #[error("the {backend} GPU source cannot describe the links between GPUs")]

@@ -17,8 +17,9 @@ use super::{
 /// HAMi's default of `DRIVER_ROOT_CTR_PATH` (`spec.DefaultContainerDriverRoot`).
 pub const DEFAULT_CONTAINER_DRIVER_ROOT: &str = "/driver-root";
 
-/// The device list flags of `run` and `plan`, with HAMi's flag and variable names. Values are
-/// kept as given and parsed by [`DeviceListArgs::parse`], so that an error names the variable.
+/// The device list settings of `run` and `plan` as given (the command line reads them under
+/// HAMi's flag and variable names). Values are kept as given and parsed by
+/// [`DeviceListArgs::parse`], so that an error names the variable.
 #[derive(Debug, Clone, Default)]
 pub struct DeviceListArgs {
     /// How the container runtime learns the devices: a comma-separated list of envvar,

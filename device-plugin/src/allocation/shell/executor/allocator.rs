@@ -26,7 +26,7 @@ use crate::allocation::plan::pod::{lock_holder, lock_names};
 use crate::allocation::plan::{
     AllocationPlan, AllocationSettings, PlanError, plan_container, pod_key,
 };
-use crate::allocation::shell::hook::{HookError, HookFolder};
+use crate::allocation::shell::hook::{HookFolder, HookFolderError};
 use crate::allocation::shell::pod_lookup::cache::PodCache;
 use crate::allocation::shell::pod_lookup::locator::{
     LocateTrips, Located, Source, locate_with, node_lock,
@@ -91,7 +91,7 @@ impl Failure {
         Self::new(Status::internal, message)
     }
 
-    fn hook(pod: &str, container: &str, e: &HookError) -> Self {
+    fn hook(pod: &str, container: &str, e: &HookFolderError) -> Self {
         let message = format!(
             "allocation failed for pod {pod} container {container}: {e}; the container would start without HAMi-core or with a preload list naming missing files"
         );
