@@ -35,7 +35,7 @@ use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::pod::{Candidate, is_pending_here};
+use crate::allocation::plan::pod::{Candidate, is_pending_here};
 
 /// A version of a pod the plugin wrote or read itself, newer than the store's (or of a pod the
 /// store does not hold yet).

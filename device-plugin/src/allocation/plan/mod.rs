@@ -1,11 +1,22 @@
 //! The pure allocation plan: from the pod, the container's entry of
 //! `hami.io/vgpu-devices-to-allocate` and the resolved settings to what `Allocate` answers (envs,
 //! mounts) and what must be on disk first (the per-container directory and, in `file` mode, the
-//! limits file). No I/O here: the executor and `hami-device-plugin plan` both call it.
+//! limits file). No I/O here or below: the executor and `hami-device-plugin plan` both call it.
 //!
-//! Length: about 760 lines: the plan's types (settings, the plan, its warnings and errors, about
-//! 320 lines) and the one pure function that builds a plan, split by phase into functions of at
-//! most ~70 lines; kept together so that the plan and what it is made of read in one place.
+//! - [`codec`]: `hami.io/vgpu-devices-to-allocate`, decoded and encoded as HAMi does;
+//! - [`pod`]: what makes a pod the one being allocated, and its annotations;
+//! - [`device_list`]: how the container learns its devices (device list and ID strategies,
+//!   device specs, CDI, GDS/MOFED/GDRCopy, IMEX), under HAMi's setting names;
+//! - [`container_response`]: the mounts and device specs the plan and the MIG handler build;
+//! - [`spec_guard`]: what a GPU container's own spec may not do;
+//! - [`entry_check`]: the scheduler's entry against the node's GPUs.
+
+pub mod codec;
+pub mod container_response;
+pub mod device_list;
+pub mod entry_check;
+pub mod pod;
+pub mod spec_guard;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -26,13 +37,13 @@ use hami_shared::values::{
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 
-use super::codec::{ContainerDevice, ContainerSlot, PodDevices};
-use super::container_response::mount;
-pub use super::container_response::{PlannedDeviceSpec, PlannedMount};
-use super::device_list::{self, DeviceListError, DeviceListSettings, NodeDevices};
-use super::entry_check::EntryError;
-use super::pod_lookup::pod::annotation;
-use super::spec_guard::{self, GuardInput, GuardSettings, SpecRefusal};
+use self::codec::{ContainerDevice, ContainerSlot, PodDevices};
+use self::container_response::mount;
+pub use self::container_response::{PlannedDeviceSpec, PlannedMount};
+use self::device_list::{DeviceListError, DeviceListSettings, NodeDevices};
+use self::entry_check::EntryError;
+use self::pod::annotation;
+use self::spec_guard::{GuardInput, GuardSettings, SpecRefusal};
 
 /// Settings the plan depends on (the node's resolved device config).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -361,7 +372,7 @@ pub enum PlanError {
         /// `namespace/name`.
         pod: String,
         /// The decoding error.
-        source: super::codec::CodecError,
+        source: self::codec::CodecError,
     },
 }
 
@@ -393,11 +404,6 @@ pub fn pod_key(pod: &Pod) -> String {
         pod.metadata.namespace.as_deref().unwrap_or("default"),
         pod.metadata.name.as_deref().unwrap_or("")
     )
-}
-
-/// Go's `strconv.ParseBool` true values (HAMi reads `CUDA_DISABLE_CONTROL` with it).
-fn go_parse_bool_true(s: &str) -> bool {
-    matches!(s, "1" | "t" | "T" | "TRUE" | "true" | "True")
 }
 
 /// The container of a slot.
@@ -625,7 +631,7 @@ fn resolve_delivery(
 fn control_disabled(spec_env: &[SpecEnv<'_>]) -> bool {
     matches!(
         spec_value(spec_env, ENV_CUDA_DISABLE_CONTROL),
-        SpecValue::Literal(v) if go_parse_bool_true(v)
+        SpecValue::Literal(v) if device_list::settings::go_bool(v) == Some(true)
     )
 }
 
@@ -834,13 +840,13 @@ pub const VGPU_VALIDATOR: &str = "vgpuvalidator";
 pub const VGPU_VALIDATOR_CONTAINER_PATH: &str = "/usr/bin/vgpuvalidator";
 
 /// What the host held when the call was made, probed by the shell
-/// ([`crate::allocation::executor::disk::probe_host`]) and applied by
+/// ([`crate::allocation::shell::executor::disk::probe_host`]) and applied by
 /// [`AllocationPlan::with_host`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostProbe {
     /// `<hook>/vgpu/license` exists.
     pub license: bool,
     /// The optional device nodes that exist
-    /// ([`crate::allocation::device_list::CONTROL_DEVICE_NODES`]).
+    /// ([`crate::allocation::plan::device_list::CONTROL_DEVICE_NODES`]).
     pub device_nodes: BTreeSet<String>,
 }

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 
-use crate::allocation::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::cache::PodCache;
 
 /// The component name on Events (the node handshake reports under the same name).
 pub use crate::node_register::REPORTING_CONTROLLER;

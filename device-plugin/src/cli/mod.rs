@@ -1,8 +1,7 @@
-//! The command line (`run`, `inventory`, `plan`, `install-hook`): argument parsing only. What the
-//! program does with it is in [`crate::app`].
-//!
-//! Length: about 405 lines of flags (every one with its HAMi name and help text) and 170 of unit
-//! tests.
+//! The command line: every flag of every command, and nothing else. Each command's flags turn
+//! into the plain struct its code takes ([`flags`]: `PlanFlags` into `commands::plan::PlanArgs`,
+//! ...), so that no module below reads clap; `run` and `inventory` hand theirs to
+//! [`crate::app`], the composition root.
 
 use std::path::PathBuf;
 
@@ -10,8 +9,14 @@ use clap::{Args, Parser, Subcommand};
 pub use hami_ops::LogFormat;
 use hami_shared::names;
 
-use crate::allocation::device_list::settings::DeviceListArgs;
+use crate::allocation::plan::device_list::settings::go_bool;
 use crate::kubelet::api;
+
+mod flags;
+pub use flags::{
+    DeviceListFlags, GuardFlags, InstallHookFlags, NamespaceNameError, PlanFlags,
+    RegionExportFlags, RegionsFlags, ServePreloadFlags,
+};
 
 /// hami-device-plugin: kubelet device plugin for GPUs shared through HAMi-core.
 #[derive(Debug, Parser)]
@@ -109,7 +114,7 @@ pub enum Command {
     /// entries (delivery mode and source, envs, mounts, device specs, CDI annotations and
     /// devices, limits-file text) under the device list settings given (HAMi's variables, as for
     /// `run`); `--write` also publishes the files.
-    Plan(crate::commands::plan::PlanArgs),
+    Plan(PlanFlags),
     /// Install HAMi-core and the preload library into HOOK/vgpu, with a generated ld.so.preload,
     /// and publish the node GPU file HOOK/vgpu/node-gpus.
     ///
@@ -125,7 +130,7 @@ pub enum Command {
     /// The whole contract (file order, failures, output): docs/design.md, "The preload library",
     /// and "The node GPU file".
     #[command(verbatim_doc_comment)]
-    InstallHook(crate::commands::install_hook::InstallHookArgs),
+    InstallHook(InstallHookFlags),
     /// Serve the hami.io/preload resource to kubelet until SIGTERM: its Allocate mounts
     /// HOOK/vgpu's libhami_preload.so, libvgpu.so and node-gpus (when published) read-only at
     /// their own paths, and HOOK/vgpu/ld.so.preload at /etc/ld.so.preload.
@@ -137,11 +142,11 @@ pub enum Command {
     /// by its owner only, and ld.so.preload exactly what install-hook writes for HOOK; otherwise
     /// it exits (at start) or fails the container's start (Allocate), naming the file.
     #[command(verbatim_doc_comment)]
-    ServePreload(crate::commands::serve_preload::ServePreloadArgs),
+    ServePreload(ServePreloadFlags),
     /// Print, once, what the region exporter says of this node's HAMi container folders
     /// (HOOK/vgpu/containers): the Prometheus text `/metrics` serves for them, each container's
     /// shared region judged against its limits file (docs/operator-guide.md, "Is my cap in force?").
-    Regions(crate::commands::regions::RegionsArgs),
+    Regions(RegionsFlags),
 }
 
 impl Command {
@@ -156,7 +161,7 @@ impl Command {
     }
 
     /// The device list flags this command takes, if it takes them.
-    fn device_list_mut(&mut self) -> Option<&mut DeviceListArgs> {
+    fn device_list_mut(&mut self) -> Option<&mut DeviceListFlags> {
         match self {
             Self::Run(args) => Some(&mut args.allocate.device_list),
             Self::Plan(args) => Some(&mut args.device_list),
@@ -228,7 +233,9 @@ pub struct SourceArgs {
 }
 
 /// An empty value (a variable set to "") is the default, as urfave/cli reads HAMi's variables.
-fn parse_mig_strategy(value: &str) -> Result<crate::gpu::mig::MigStrategy, String> {
+fn parse_mig_strategy(
+    value: &str,
+) -> Result<crate::gpu::mig::MigStrategy, crate::gpu::mig::MigError> {
     if value.is_empty() {
         return Ok(crate::gpu::mig::MigStrategy::default());
     }
@@ -237,14 +244,11 @@ fn parse_mig_strategy(value: &str) -> Result<crate::gpu::mig::MigStrategy, Strin
 
 /// `ENABLE_TOPOLOGY_SCORE`: HAMi compares with `"true"` (anything else is off); here anything but
 /// `true` and `false` is refused, so that `TRUE` or `1` does not silently mean off.
-fn parse_topology_score(value: &str) -> Result<bool, String> {
+fn parse_topology_score(value: &str) -> Result<bool, FlagValueError> {
     match value {
         "true" => Ok(true),
         "false" | "" => Ok(false),
-        other => Err(format!(
-            "{}={other:?} is not one of: true, false",
-            crate::gpu::topology::ENV_ENABLE_TOPOLOGY_SCORE
-        )),
+        other => Err(FlagValueError::TopologyScore(other.to_owned())),
     }
 }
 
@@ -300,7 +304,7 @@ pub struct RunArgs {
     pub gpu: GpuRunArgs,
     /// The exporter of the containers' shared regions.
     #[command(flatten)]
-    pub regions: crate::regions::export::RegionArgs,
+    pub regions: RegionExportFlags,
 }
 
 /// `run`'s GPU start-up and health flags, named as HAMi v2.10's `cmd/device-plugin/nvidia/main.go`
@@ -331,17 +335,29 @@ pub struct GpuRunArgs {
     pub enable_healthchecks: Option<String>,
 }
 
-/// A boolean as Go's `strconv.ParseBool` reads it (urfave/cli's flags and variables); an empty
+/// `FAIL_ON_INIT_ERROR`: Go's `strconv.ParseBool` (urfave/cli's flags and variables); an empty
 /// value is the default (`true`), as urfave/cli skips an empty variable.
-fn parse_go_bool(value: &str) -> Result<bool, String> {
-    match value {
-        "" => Ok(true),
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        other => Err(format!(
-            "FAIL_ON_INIT_ERROR (--fail-on-init-error) {other:?} is not a boolean: expected true or false (also 1, t, T, TRUE, True, 0, f, F, FALSE, False)"
-        )),
+fn parse_go_bool(value: &str) -> Result<bool, FlagValueError> {
+    if value.is_empty() {
+        return Ok(true);
     }
+    go_bool(value).ok_or_else(|| FlagValueError::FailOnInitError(value.to_owned()))
+}
+
+/// A flag or variable whose value clap's own parsers cannot judge.
+#[derive(Debug, thiserror::Error)]
+pub enum FlagValueError {
+    /// `FAIL_ON_INIT_ERROR` is not one of Go's booleans.
+    #[error(
+        "FAIL_ON_INIT_ERROR (--fail-on-init-error) {0:?} is not a boolean: expected true or false (also 1, t, T, TRUE, True, 0, f, F, FALSE, False)"
+    )]
+    FailOnInitError(String),
+    /// `ENABLE_TOPOLOGY_SCORE` is neither `true` nor `false`.
+    #[error(
+        "{env}={0:?} is not one of: true, false",
+        env = crate::gpu::topology::ENV_ENABLE_TOPOLOGY_SCORE
+    )]
+    TopologyScore(String),
 }
 
 /// Default of `--metrics-listen`. Not 9394: HAMi's vGPU monitor serves its metrics there, in the
@@ -383,10 +399,10 @@ pub struct AllocateArgs {
     pub collect_grace: f64,
     /// How containers learn their devices, under HAMi's names.
     #[command(flatten)]
-    pub device_list: DeviceListArgs,
+    pub device_list: DeviceListFlags,
     /// The operator's escape hatches from `Allocate`'s checks of a GPU container's spec.
     #[command(flatten)]
-    pub guard: crate::allocation::spec_guard::GuardArgs,
+    pub guard: GuardFlags,
 }
 
 #[cfg(test)]
@@ -412,12 +428,16 @@ mod tests {
     /// (`ENABLE_TOPOLOGY_SCORE`, on only for `true`) and `rm/health.go` (health check lists).
     #[test]
     fn run_defaults_are_hamis_plugins() {
-        use crate::allocation::device_list::{DeviceListStrategies, DeviceListStrategy};
+        use crate::allocation::plan::device_list::{DeviceListStrategies, DeviceListStrategy};
         let parsed = parse(&["p", "run"], &[]);
         let Command::Run(args) = parsed.cli.command else {
             panic!("not run")
         };
-        let list = args.allocate.device_list.parse().unwrap();
+        let list = crate::allocation::plan::device_list::settings::DeviceListArgs::from(
+            args.allocate.device_list.clone(),
+        )
+        .parse()
+        .unwrap();
         let s = &list.settings;
         let ours: Vec<(&str, String)> = vec![
             ("MIG_STRATEGY", args.source.mig_strategy.to_string()),

@@ -13,8 +13,10 @@ use std::collections::BTreeSet;
 
 use tonic::Status;
 
-use super::container_response::{PlannedDeviceSpec, PlannedMount};
-use super::device_list::{self, DeviceListError, DeviceListSettings, NodeDevices};
+use crate::allocation::plan::container_response::{PlannedDeviceSpec, PlannedMount};
+use crate::allocation::plan::device_list::{
+    self, DeviceListError, DeviceListSettings, NodeDevices,
+};
 use crate::gpu::devices::DeviceTable;
 use crate::kubelet::api::v1beta1;
 use crate::kubelet::service::{AllocateHandler, ENV_NVIDIA_VISIBLE_DEVICES};

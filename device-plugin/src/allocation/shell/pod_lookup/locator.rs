@@ -13,7 +13,7 @@
 //! (the node lock is always read from the API server); see [`super::cache`] for why a stale
 //! view cannot cause a wrong allocation.
 //!
-//! One locator for both callers: `Allocate` ([`crate::allocation::executor`]) and
+//! One locator for both callers: `Allocate` ([`crate::allocation::shell::executor`]) and
 //! `GetPreferredAllocation` ([`KubePendingPod`]). The pod's devices annotation is decoded once,
 //! here ([`Candidate`]), and handed on with the pod.
 
@@ -22,7 +22,7 @@ use kube::api::{Api, ListParams};
 use tonic::Status;
 
 use super::cache::PodCache;
-use super::pod::{Candidate, is_pending_here, lock_holder, lock_names};
+use crate::allocation::plan::pod::{Candidate, is_pending_here, lock_holder, lock_names};
 use crate::kubelet::service::PendingPodDevices;
 use hami_shared::names::ANNOTATION_MUTEX_LOCK;
 

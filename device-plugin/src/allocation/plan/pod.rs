@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::allocation::codec::{CodecError, PodDevices};
+use crate::allocation::plan::codec::{CodecError, PodDevices};
 
 use hami_shared::names::{
     ANNOTATION_BIND_PHASE, ANNOTATION_BIND_TIME,
@@ -112,7 +112,7 @@ impl Candidate {
 mod tests {
     use super::*;
     // The GPU UUIDs of the first non-empty container entry of `hami.io/vgpu-devices-to-allocate`.
-    use crate::allocation::codec::next_request_uuids as first_entry_uuids;
+    use crate::allocation::plan::codec::next_request_uuids as first_entry_uuids;
 
     #[test]
     fn uuids_of_the_first_non_empty_entry() {

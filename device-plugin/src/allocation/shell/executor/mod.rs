@@ -42,7 +42,7 @@ pub use disk::{
 pub use timing::{AllocateTiming, TimingLog};
 
 use crate::allocation::plan::AllocationSettings;
-use crate::allocation::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::cache::PodCache;
 use crate::gpu::devices::DeviceTable;
 use crate::kubelet::api::v1beta1;
 use crate::kubelet::service::AllocateHandler;

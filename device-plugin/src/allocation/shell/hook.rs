@@ -24,14 +24,14 @@ use hami_shared::names::{
     LD_SO_PRELOAD_FILE, LD_SO_PRELOAD_PATH, LIBHAMI_PRELOAD_SO, LIBVGPU_SO, OVERRIDE_ENV_PATH,
 };
 
-use super::plan::AllocationPlan;
+use crate::allocation::plan::AllocationPlan;
 
 /// What installs our layout.
 const INSTALL_HOOK: &str = "hami-device-plugin install-hook (the chart's install-hook init container: devicePlugin.hamiCore.install=true)";
 
 /// A file `Allocate` needs that the hook folder lacks, or a preload list it cannot honour.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HookError {
+pub enum HookFolderError {
     /// No HAMi-core library in the folder.
     #[error(
         "no HAMi-core library in {dir} (neither {LIBVGPU_SO} nor {LIBVGPU_SO}.<version>): it is installed by {INSTALL_HOOK}, or by HAMi's vgpu-init.sh as {LIBVGPU_SO}.<HAMi version>"
@@ -205,7 +205,7 @@ impl HookFolder {
     /// of a file of the folder exists (HAMi-core, the preload library, `ld.so.preload`); each
     /// entry of `ld.so.preload`, when mounted, is a file the container gets; in file mode the
     /// list names the preload library (else `/overrideEnv` would reach only the entrypoint).
-    pub fn check_plan(&self, plan: &AllocationPlan) -> Result<(), HookError> {
+    pub fn check_plan(&self, plan: &AllocationPlan) -> Result<(), HookFolderError> {
         if plan.mig {
             return Ok(());
         }
@@ -216,7 +216,7 @@ impl HookFolder {
                 .iter()
                 .any(|m| m.container_path == libvgpu_container)
         {
-            return Err(HookError::NoLibvgpu {
+            return Err(HookFolderError::NoLibvgpu {
                 dir: self.vgpu_dir.clone(),
             });
         }
@@ -230,7 +230,7 @@ impl HookFolder {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             if !self.files.contains(&name) {
-                return Err(HookError::Missing {
+                return Err(HookFolderError::Missing {
                     path: host.to_path_buf(),
                     provided_by: Self::provided_by(&name),
                 });
@@ -258,7 +258,7 @@ impl HookFolder {
             .map(|m| m.container_path.as_str())
             .collect();
         if let Some(entry) = entries.iter().find(|e| !provided.contains(&e.as_str())) {
-            return Err(HookError::Unprovided {
+            return Err(HookFolderError::Unprovided {
                 list,
                 entry: entry.clone(),
                 provided: provided.join(", "),
@@ -266,7 +266,7 @@ impl HookFolder {
         }
         let library = self.vgpu_dir.join(LIBHAMI_PRELOAD_SO).display().to_string();
         if plan.limits_file.is_some() && !entries.contains(&library) {
-            return Err(HookError::NoPreloadLibrary {
+            return Err(HookFolderError::NoPreloadLibrary {
                 list,
                 library,
                 entries: entries.join(", "),
@@ -276,15 +276,15 @@ impl HookFolder {
     }
 
     /// The entries of `<hook>/vgpu/ld.so.preload`, or why there are none (missing, unreadable).
-    fn listed_libraries(&self) -> Result<&[String], HookError> {
+    fn listed_libraries(&self) -> Result<&[String], HookFolderError> {
         let list = self.vgpu_dir.join(LD_SO_PRELOAD_FILE);
         match &self.preload_list {
             Some(Ok(entries)) => Ok(entries),
-            Some(Err(reason)) => Err(HookError::Unreadable {
+            Some(Err(reason)) => Err(HookFolderError::Unreadable {
                 path: list,
                 reason: reason.clone(),
             }),
-            None => Err(HookError::Missing {
+            None => Err(HookFolderError::Missing {
                 path: list,
                 provided_by: Self::provided_by(LD_SO_PRELOAD_FILE),
             }),
@@ -294,16 +294,16 @@ impl HookFolder {
     /// At start: the problems that would refuse every HAMi-core allocation (no HAMi-core, no
     /// `ld.so.preload`, a list naming a file the folder lacks), for one clear log line. The
     /// file-mode requirement depends on the pod and is checked per allocation.
-    pub fn check_ready(&self) -> Result<(), HookError> {
+    pub fn check_ready(&self) -> Result<(), HookFolderError> {
         if choose_libvgpu(self.files.iter().map(String::as_str)).is_none() {
-            return Err(HookError::NoLibvgpu {
+            return Err(HookFolderError::NoLibvgpu {
                 dir: self.vgpu_dir.clone(),
             });
         }
         let list = self.vgpu_dir.join(LD_SO_PRELOAD_FILE);
         let entries = self.listed_libraries()?;
         if !self.files.contains(LIBHAMI_PRELOAD_SO) {
-            return Err(HookError::Missing {
+            return Err(HookFolderError::Missing {
                 path: self.vgpu_dir.join(LIBHAMI_PRELOAD_SO),
                 provided_by: Self::provided_by(LIBHAMI_PRELOAD_SO),
             });
@@ -311,7 +311,7 @@ impl HookFolder {
         let known =
             [LIBVGPU_SO, LIBHAMI_PRELOAD_SO].map(|n| self.vgpu_dir.join(n).display().to_string());
         if let Some(entry) = entries.iter().find(|e| !known.contains(e)) {
-            return Err(HookError::Unprovided {
+            return Err(HookFolderError::Unprovided {
                 list,
                 entry: entry.clone(),
                 provided: known.join(", "),
@@ -324,7 +324,7 @@ impl HookFolder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocation::codec::ContainerDevice;
+    use crate::allocation::plan::codec::ContainerDevice;
     use crate::allocation::plan::{AllocationSettings, plan_container};
     use hami_shared::values::LimitDelivery;
 
@@ -459,7 +459,7 @@ mod tests {
             let err = folder.check_plan(&p).unwrap_err();
             assert_eq!(
                 err,
-                HookError::Missing {
+                HookFolderError::Missing {
                     path: "/usr/local/vgpu/libhami_preload.so".into(),
                     provided_by: HookFolder::provided_by(LIBHAMI_PRELOAD_SO)
                 },

@@ -21,16 +21,16 @@ use super::claims::{Claim, Claims, Selection};
 use super::disk::{Written, execute_plan, probe_host};
 use super::pod_api::PodApi;
 use super::timing::ALLOCATE_SPAN;
-use crate::allocation::entry_check::{self, NodeCapacity};
-use crate::allocation::hook::{HookError, HookFolder};
+use crate::allocation::plan::entry_check::{self, NodeCapacity};
+use crate::allocation::plan::pod::{lock_holder, lock_names};
 use crate::allocation::plan::{
     AllocationPlan, AllocationSettings, PlanError, plan_container, pod_key,
 };
-use crate::allocation::pod_lookup::cache::PodCache;
-use crate::allocation::pod_lookup::locator::{
+use crate::allocation::shell::hook::{HookFolder, HookFolderError};
+use crate::allocation::shell::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::locator::{
     LocateTrips, Located, Source, locate_with, node_lock,
 };
-use crate::allocation::pod_lookup::pod::{lock_holder, lock_names};
 use crate::gpu::devices::DeviceTable;
 use crate::kubelet::api::v1beta1;
 use crate::metrics::{AllocateOutcome, Metrics};
@@ -91,7 +91,7 @@ impl Failure {
         Self::new(Status::internal, message)
     }
 
-    fn hook(pod: &str, container: &str, e: &HookError) -> Self {
+    fn hook(pod: &str, container: &str, e: &HookFolderError) -> Self {
         let message = format!(
             "allocation failed for pod {pod} container {container}: {e}; the container would start without HAMi-core or with a preload list naming missing files"
         );

@@ -7,8 +7,6 @@
 //! Length: about 450 lines of code, one parse per HAMi setting with its error text, and 170 of
 //! unit tests.
 
-use clap::{ArgAction, Args};
-use hami_shared::names;
 use serde::Serialize;
 
 use super::{
@@ -19,80 +17,41 @@ use super::{
 /// HAMi's default of `DRIVER_ROOT_CTR_PATH` (`spec.DefaultContainerDriverRoot`).
 pub const DEFAULT_CONTAINER_DRIVER_ROOT: &str = "/driver-root";
 
-/// The device list flags of `run` and `plan`, with HAMi's flag and variable names. Values are
-/// kept as given and parsed by [`DeviceListArgs::parse`], so that an error names the variable.
-#[derive(Debug, Clone, Default, Args)]
+/// The device list settings of `run` and `plan` as given (the command line reads them under
+/// HAMi's flag and variable names). Values are kept as given and parsed by
+/// [`DeviceListArgs::parse`], so that an error names the variable.
+#[derive(Debug, Clone, Default)]
 pub struct DeviceListArgs {
     /// How the container runtime learns the devices: a comma-separated list of envvar,
     /// volume-mounts, cdi-annotations, cdi-cri (default envvar).
-    #[arg(long = "device-list-strategy", env = "DEVICE_LIST_STRATEGY", value_name = "LIST", action = ArgAction::Append)]
     pub device_list_strategy: Vec<String>,
     /// How devices are named in the device list: uuid or index (default uuid).
-    #[arg(
-        long = "device-id-strategy",
-        env = "DEVICE_ID_STRATEGY",
-        value_name = "uuid|index"
-    )]
     pub device_id_strategy: Option<String>,
     /// Pass the GPUs' device nodes (/dev/nvidia<minor>, /dev/nvidiactl, ...) to kubelet as
     /// DeviceSpecs (default false).
-    #[arg(long = "pass-device-specs", env = "PASS_DEVICE_SPECS", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub pass_device_specs: Option<String>,
     /// The NVIDIA driver's root on the host (default /); the device nodes' root unless
     /// NVIDIA_DEV_ROOT is given.
-    #[arg(
-        long = "nvidia-driver-root",
-        env = "NVIDIA_DRIVER_ROOT",
-        value_name = "DIR"
-    )]
     pub nvidia_driver_root: Option<String>,
     /// The root of the NVIDIA device nodes on the host (default NVIDIA_DRIVER_ROOT).
-    #[arg(
-        long = "dev-root",
-        visible_alias = "nvidia-dev-root",
-        env = "NVIDIA_DEV_ROOT",
-        value_name = "DIR"
-    )]
     pub dev_root: Option<String>,
     /// Where the driver root is mounted in this container (default /driver-root): where IMEX
     /// channels are looked for.
-    #[arg(
-        long = "driver-root-ctr-path",
-        visible_alias = "container-driver-root",
-        env = names::ENV_DRIVER_ROOT_CTR_PATH,
-        value_name = "DIR"
-    )]
     pub driver_root_ctr_path: Option<String>,
     /// Prefix of the CDI annotation keys (default cdi.k8s.io/).
-    #[arg(
-        long = "cdi-annotation-prefix",
-        env = "CDI_ANNOTATION_PREFIX",
-        value_name = "PREFIX"
-    )]
     pub cdi_annotation_prefix: Option<String>,
     /// HAMi writes it into the CDI spec it generates; hami-device-plugin generates none, so it has
     /// no effect (generate the spec with nvidia-ctk cdi generate --nvidia-cdi-hook-path).
-    #[arg(
-        long = "nvidia-cdi-hook-path",
-        visible_alias = "nvidia-ctk-path",
-        env = names::ENV_NVIDIA_CDI_HOOK_PATH,
-        value_name = "PATH"
-    )]
     pub nvidia_cdi_hook_path: Option<String>,
     /// Containers get NVIDIA_GDRCOPY=enabled (CDI: nvidia.com/gdrcopy=all).
-    #[arg(long = "gdrcopy-enabled", env = "GDRCOPY_ENABLED", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub gdrcopy_enabled: Option<String>,
     /// Containers get NVIDIA_GDS=enabled (CDI: nvidia.com/gds=all).
-    #[arg(long = "gds-enabled", env = "GDS_ENABLED", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub gds_enabled: Option<String>,
     /// Containers get NVIDIA_MOFED=enabled (CDI: nvidia.com/mofed=all).
-    #[arg(long = "mofed-enabled", env = "MOFED_ENABLED", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub mofed_enabled: Option<String>,
     /// IMEX channels to inject: empty or 0.
-    #[arg(long = "imex-channel-ids", env = "IMEX_CHANNEL_IDS", value_name = "IDS", action = ArgAction::Append)]
     pub imex_channel_ids: Vec<String>,
     /// Refuse to start when a requested IMEX channel does not exist (default false: skip it).
-    #[arg(long = "imex-required", env = "IMEX_REQUIRED", value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub imex_required: Option<String>,
 }
 
@@ -218,17 +177,26 @@ pub struct ParsedDeviceList {
 }
 
 /// Go's `strconv.ParseBool` forms (urfave/cli reads `BoolFlag` variables with it).
-const BOOL_FORMS: &str = "1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False";
+pub const GO_BOOL_FORMS: &str = "1, t, T, TRUE, true, True, 0, f, F, FALSE, false, False";
+
+/// A boolean as Go's `strconv.ParseBool` reads it (HAMi's flags and variables through
+/// urfave/cli, and `CUDA_DISABLE_CONTROL`); `None` for anything else. The one copy of that
+/// grammar in the plugin: each caller decides what an empty or unknown value means.
+pub fn go_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
 
 fn parse_bool(key: Key, value: Option<&str>) -> Result<bool, DeviceListConfigError> {
     match value.map(str::trim) {
         None | Some("") => Ok(false),
-        Some("1" | "t" | "T" | "TRUE" | "true" | "True") => Ok(true),
-        Some("0" | "f" | "F" | "FALSE" | "false" | "False") => Ok(false),
-        Some(other) => Err(DeviceListConfigError {
+        Some(v) => go_bool(v).ok_or_else(|| DeviceListConfigError {
             key,
-            value: other.to_owned(),
-            expected: format!("expected a boolean: {BOOL_FORMS}"),
+            value: v.to_owned(),
+            expected: format!("expected a boolean: {GO_BOOL_FORMS}"),
         }),
     }
 }

@@ -15,7 +15,7 @@ use super::no_follow::{
     NoFollowError, create_dir_at, create_new_file_at, ensure_own_file_at, open_dir, own_and_chmod,
     remove_entry_at,
 };
-use crate::allocation::device_list::CONTROL_DEVICE_NODES;
+use crate::allocation::plan::device_list::CONTROL_DEVICE_NODES;
 use crate::allocation::plan::{AllocationPlan, AllocationSettings, HostProbe};
 
 /// Mode of the per-container directory: root's and not writable by the container's users, so

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::allocation::plan::AllocationPlan;
-use crate::allocation::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::cache::PodCache;
 
 /// The claims of one allocator.
 #[derive(Debug, Default)]

@@ -307,7 +307,12 @@ impl Collector {
                 () = &mut shutdown => return,
                 _ = ticker.tick() => {}
             }
-            if let Err(error) = self.collect_once().await {
+            // A pass waits on the API server: the stop must not wait for it.
+            let pass = tokio::select! {
+                () = &mut shutdown => return,
+                pass = self.collect_once() => pass,
+            };
+            if let Err(error) = pass {
                 self.stats.failed_passes.fetch_add(1, Ordering::Relaxed);
                 self.metrics.observe_collector_failure();
                 tracing::warn!(%error, "collector pass skipped");

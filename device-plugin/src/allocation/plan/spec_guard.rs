@@ -388,27 +388,13 @@ fn mounts(input: &GuardInput<'_>, refusals: &mut Vec<SpecRefusal>) {
 
 /// Namespaces exempt from parts of `Allocate`'s checks of a GPU container's own spec (default:
 /// none). Shared by `run` and `plan`.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default)]
 pub struct GuardArgs {
     /// Namespaces (comma-separated) whose GPU containers may be privileged or add SYS_ADMIN.
-    #[arg(
-        long = "allow-privileged-namespaces",
-        env = hami_shared::names::ENV_HAMI_ALLOW_PRIVILEGED_NAMESPACES,
-        value_delimiter = ',',
-        value_parser = namespace_name,
-        value_name = "NS,..."
-    )]
     pub allow_privileged_namespaces: Vec<String>,
     /// Namespaces (comma-separated) whose GPU containers may set HAMi-core's variables,
     /// CUDA_DISABLE_CONTROL, CUDA_TASK_PRIORITY and GPU_CORE_UTILIZATION_POLICY in their spec, as
     /// HAMi allows every pod.
-    #[arg(
-        long = "allow-hami-core-env-namespaces",
-        env = hami_shared::names::ENV_HAMI_ALLOW_HAMI_CORE_ENV_NAMESPACES,
-        value_delimiter = ',',
-        value_parser = namespace_name,
-        value_name = "NS,..."
-    )]
     pub allow_hami_core_env_namespaces: Vec<String>,
 }
 
@@ -421,23 +407,5 @@ impl GuardArgs {
         guard
             .hami_core_env_namespaces
             .extend(self.allow_hami_core_env_namespaces.iter().cloned());
-    }
-}
-
-/// A namespace name (a DNS-1123 label), as an allow-list entry.
-fn namespace_name(s: &str) -> Result<String, String> {
-    let s = s.trim();
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-');
-    if ok {
-        Ok(s.to_owned())
-    } else {
-        Err(format!(
-            "{s:?} is not a namespace name (a DNS-1123 label: at most 63 of a-z, 0-9 and '-', starting and ending with a letter or digit)"
-        ))
     }
 }

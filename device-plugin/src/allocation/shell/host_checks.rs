@@ -1,27 +1,18 @@
-//! The settings [`super::plan`] needs, from the shared loaders of HAMi's global device config
-//! (`device-config.yaml`, `nvidia:` section, plus `HAMI_NVIDIA__<KEY>` variables) and of the
-//! node's entry in the plugin's `config.json` (`nodeconfig: [...]`), the entry overriding the
-//! global values.
-//!
-//! A node configured with `operatingmode: mig` (dynamic MIG) is refused: hami-limits does not
-//! support it, and starting anyway would hand out GPUs HAMi's MIG manager expects to slice.
+//! The device list settings checked against this host: the IMEX channels they ask for (HAMi's
+//! `imex.GetChannels`: device nodes looked for) and the CDI specs their CDI kinds need (a note
+//! where none is visible). The parse itself is pure
+//! ([`crate::allocation::plan::device_list::settings`]); this is its I/O.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use hami_shared::config::{NodeConfigEntry, OperatingMode};
+use crate::allocation::plan::device_list::settings::{
+    DeviceListArgs, DeviceListConfigError, ImexRequest,
+};
+use crate::allocation::plan::device_list::{DeviceListSettings, ImexChannel, under_root};
 
-use super::device_list::settings::{DeviceListArgs, DeviceListConfigError, ImexRequest};
-use super::device_list::{DeviceListSettings, ImexChannel, under_root};
-use super::plan::AllocationSettings;
-use crate::settings::PluginSettings;
-use crate::settings::{load_device_config, load_node_config};
-
-/// Configuration errors.
+/// Why the device list settings cannot be used on this host.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    /// A file could not be loaded (the message names the file, key, value and accepted forms).
-    #[error(transparent)]
-    Load(#[from] hami_shared::config::ConfigError),
+pub enum HostCheckError {
     /// A device list setting is invalid (names the variable, the value, the accepted forms).
     #[error(transparent)]
     DeviceList(#[from] DeviceListConfigError),
@@ -38,56 +29,13 @@ pub enum ConfigError {
         /// What was found instead, if anything (`: /x is not a character device`).
         reason: String,
     },
-    /// Dynamic MIG.
-    #[error(
-        "{path}: node {node} has operatingmode: mig (dynamic MIG), which hami-device-plugin does not support; use operatingmode: hami-core (GPUs shared through HAMi-core), or keep HAMi's own device plugin on MIG nodes"
-    )]
-    DynamicMig {
-        /// The node config file.
-        path: PathBuf,
-        /// The node.
-        node: String,
-    },
-}
-
-/// Refuses dynamic MIG for this node.
-pub fn check_operating_mode(
-    node: Option<&NodeConfigEntry>,
-    node_config: &Path,
-    node_name: &str,
-) -> Result<(), ConfigError> {
-    if node.and_then(|n| n.operating_mode) == Some(OperatingMode::Mig) {
-        return Err(ConfigError::DynamicMig {
-            path: node_config.to_path_buf(),
-            node: node_name.to_owned(),
-        });
-    }
-    Ok(())
-}
-
-/// The allocation settings from the plugin's settings, loaded once at start (the node's entry
-/// applied over the global section); dynamic MIG refused.
-pub fn from_plugin_settings(
-    settings: &PluginSettings,
-    node_config: Option<&Path>,
-    node_name: &str,
-    hook_path: &Path,
-) -> Result<AllocationSettings, ConfigError> {
-    if let Some(path) = node_config {
-        check_operating_mode(settings.node.as_ref(), path, node_name)?;
-    }
-    Ok(AllocationSettings::for_node(
-        &settings.nvidia,
-        settings.node.as_ref(),
-        hook_path,
-    ))
 }
 
 /// The device list settings from the flags, with the IMEX channels looked for (I/O: the device
 /// nodes), and the notes to log at start.
 pub fn device_list_settings(
     args: &DeviceListArgs,
-) -> Result<(DeviceListSettings, Vec<String>), ConfigError> {
+) -> Result<(DeviceListSettings, Vec<String>), HostCheckError> {
     let parsed = args.parse()?;
     let mut notes = parsed.notes;
     let mut settings = parsed.settings;
@@ -156,7 +104,7 @@ fn imex_channels(
     request: &ImexRequest,
     container_driver_root: &str,
     notes: &mut Vec<String>,
-) -> Result<Vec<ImexChannel>, ConfigError> {
+) -> Result<Vec<ImexChannel>, HostCheckError> {
     let dev_root = if Path::new(container_driver_root).join("dev").is_dir() {
         container_driver_root
     } else {
@@ -188,7 +136,7 @@ fn imex_channels(
         if found {
             channels.push(channel);
         } else if request.required {
-            return Err(ConfigError::ImexChannelMissing {
+            return Err(HostCheckError::ImexChannelMissing {
                 channel: name,
                 looked,
                 reason,
@@ -203,116 +151,16 @@ fn imex_channels(
     Ok(channels)
 }
 
-/// Loads the allocation settings for `node_name` (defaults for what the files do not set) from
-/// the files and the `HAMI_NVIDIA__*` variables of `env`.
-pub fn load_allocation_settings(
-    config: Option<&Path>,
-    node_config: Option<&Path>,
-    node_name: &str,
-    hook_path: &Path,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<AllocationSettings, ConfigError> {
-    let global = load_device_config(config, env)?;
-    let node = match node_config {
-        Some(path) => load_node_config(path)?.for_node(node_name),
-        None => None,
-    };
-    from_plugin_settings(
-        &PluginSettings::resolve(&global.nvidia, node.as_ref()),
-        node_config,
-        node_name,
-        hook_path,
-    )
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use hami_shared::config::{DeviceConfig, FileText, NvidiaConfig};
-    use hami_shared::values::LimitDelivery;
+    use std::path::PathBuf;
 
-    /// The allocation settings from the global `nvidia:` section and the node's entry.
-    fn from_configs(
-        global: &NvidiaConfig,
-        node: Option<&NodeConfigEntry>,
-        hook_path: &Path,
-    ) -> AllocationSettings {
-        let settings = PluginSettings::resolve(global, node);
-        AllocationSettings::for_node(&settings.nvidia, node, hook_path)
-    }
+    use super::*;
 
     fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, text).unwrap();
         p
-    }
-
-    #[test]
-    fn node_entry_overrides_global() {
-        let tmp = tempfile::tempdir().unwrap();
-        let global = write(
-            tmp.path(),
-            "device-config.yaml",
-            "nvidia:\n  deviceMemoryScaling: 1.5\n  disableCoreLimit: true\n  libCudaLogLevel: 2\n  limitDelivery: env\n",
-        );
-        let node = write(
-            tmp.path(),
-            "config.json",
-            r#"{"nodeconfig":[{"name":"other","limitdelivery":"env"},{"name":"gpu-0","devicememoryscaling":1,"libcudaloglevel":4,"limitDelivery":"file","operatingmode":"hami-core"}]}"#,
-        );
-        let global_text = std::fs::read_to_string(&global).unwrap();
-        let global = DeviceConfig::load_from_env(
-            Some(FileText {
-                path: &global,
-                text: &global_text,
-            }),
-            std::iter::empty(),
-        )
-        .unwrap();
-        let nodes = load_node_config(&node).unwrap();
-        let entry = nodes.for_node("gpu-0");
-        let s = from_configs(&global.nvidia, entry.as_ref(), Path::new("/opt/h"));
-        assert_eq!(s.hook_path, Path::new("/opt/h"));
-        assert_eq!(s.memory_scaling, 1.0);
-        assert!(s.disable_core_limit);
-        assert_eq!(s.lib_cuda_log_level, Some(4));
-        assert_eq!(s.global_delivery, Some(LimitDelivery::Env));
-        assert_eq!(s.node_delivery, Some(LimitDelivery::File));
-        let s = from_configs(
-            &global.nvidia,
-            nodes.for_node("gpu-9").as_ref(),
-            Path::new("/u"),
-        );
-        assert_eq!(s.memory_scaling, 1.5);
-        assert_eq!(s.lib_cuda_log_level, Some(2));
-        assert_eq!(s.node_delivery, None);
-    }
-
-    #[test]
-    fn dynamic_mig_is_refused() {
-        let tmp = tempfile::tempdir().unwrap();
-        let node = write(
-            tmp.path(),
-            "config.json",
-            r#"{"nodeconfig":[{"name":"gpu-0","operatingmode":"mig"}]}"#,
-        );
-        let err = load_allocation_settings(None, Some(&node), "gpu-0", Path::new("/u"), [])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("operatingmode: mig (dynamic MIG)"), "{err}");
-        assert!(err.contains("does not support"), "{err}");
-        assert!(load_allocation_settings(None, Some(&node), "gpu-1", Path::new("/u"), []).is_ok());
-        let defaults = from_configs(&NvidiaConfig::default(), None, Path::new("/usr/local"));
-        assert_eq!(defaults, AllocationSettings::default());
-        // Default is built the same way, so also pin the built-in values themselves.
-        assert_eq!(defaults.hook_path, Path::new("/usr/local"));
-        assert!((defaults.memory_scaling - 1.0).abs() < f64::EPSILON);
-        assert!(!defaults.disable_core_limit);
-        assert_eq!(defaults.lib_cuda_log_level, None);
-        assert_eq!(
-            (defaults.node_delivery, defaults.global_delivery),
-            (None, None)
-        );
     }
 
     #[test]
@@ -390,8 +238,8 @@ mod tests {
         );
         write(&etc, "notes.txt", "kind: nvidia.com/gds\n");
         let settings = DeviceListSettings {
-            strategies: super::super::device_list::DeviceListStrategies::new([
-                super::super::device_list::DeviceListStrategy::CdiCri,
+            strategies: crate::allocation::plan::device_list::DeviceListStrategies::new([
+                crate::allocation::plan::device_list::DeviceListStrategy::CdiCri,
             ])
             .unwrap(),
             gds: true,
