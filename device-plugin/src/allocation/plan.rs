@@ -3,9 +3,9 @@
 //! mounts) and what must be on disk first (the per-container directory and, in `file` mode, the
 //! limits file). No I/O here: the executor and `hami-device-plugin plan` both call it.
 //!
-//! Length: about 760 lines: the plan's types (settings, the plan, its warnings and errors, about
-//! 320 lines) and the one pure function that builds a plan, split by phase into functions of at
-//! most ~70 lines; kept together so that the plan and what it is made of read in one place.
+//! The plan's types (settings, the plan, its warnings and errors) and the one pure function that
+//! builds a plan, split by phase, stay together so that the plan and what it is made of read in
+//! one place.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
