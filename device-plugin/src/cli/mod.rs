@@ -2,6 +2,8 @@
 //! into the plain struct its code takes ([`flags`]: `PlanFlags` into `commands::plan::PlanArgs`,
 //! ...), so that no module below reads clap; `run` and `inventory` hand theirs to
 //! [`crate::app`], the composition root.
+//!
+//! Every flag keeps its HAMi name and help text, so that an operator coming from HAMi finds it.
 
 use std::path::PathBuf;
 

@@ -15,7 +15,7 @@
 //! in every process, and one that misses `libvgpu.so` would fail to start: such an allocation is
 //! refused, naming the path and what installs it.
 //!
-//! Length: about 320 lines of code; the rest are unit tests over real folders.
+//! The unit tests run over real folders: what is checked here is the file system's answer.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

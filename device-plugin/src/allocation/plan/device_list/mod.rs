@@ -13,9 +13,8 @@
 //! forms by default), and `nvidia-ctk cdi generate --mode=gds|mofed|gdrcopy|imex` for the other
 //! classes. That spec must exist on the node, or the runtime refuses to create the container.
 //!
-//! Length: about 600 lines, most of them the setting types with HAMi's names and the comments
-//! that quote HAMi's function for each step of [`answer`]; the answer is one pure function of
-//! them and is kept beside them.
+//! The setting types keep HAMi's names and the comments that quote HAMi's function for each step
+//! of [`answer`]; the answer is one pure function of them and is kept beside them.
 
 pub mod settings;
 

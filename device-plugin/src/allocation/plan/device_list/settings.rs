@@ -4,8 +4,7 @@
 //! (`validateFlags`, `spec.AssertChannelIDsValid`) are kept, and a few it lacks are added where a
 //! value would start containers without their GPUs.
 //!
-//! Length: about 450 lines of code, one parse per HAMi setting with its error text, and 170 of
-//! unit tests.
+//! One parse per HAMi setting, each with its error text and its unit tests.
 
 use serde::Serialize;
 

@@ -4,9 +4,8 @@
 //! read was stale or the node lock names another pod (at most [`MAX_SELECT_ATTEMPTS`] times).
 //! Each call runs in an `allocate` span with one span per phase ([`super::timing`]).
 //!
-//! Length: about 690 lines: the core's phases (locate, plan and claim, write the files, patch the
-//! pod, report) share its state and its retry loop and are kept in one file; each phase is its
-//! own function of at most ~80 lines.
+//! The core's phases (locate, plan and claim, write the files, patch the pod, report) share its
+//! state and its retry loop, so they stay in one file, each phase its own function.
 
 use std::sync::Arc;
 

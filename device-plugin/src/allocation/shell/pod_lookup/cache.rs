@@ -24,8 +24,8 @@
 //! Pods are taken in the API server's list order (`<namespace>/<name>`), so "the first pending
 //! pod" is the one a LIST would have returned first.
 //!
-//! Length: about 380 lines of code and 140 of unit tests; the store, the plugin's own versions
-//! kept ahead of it and the watch loop that feeds both are one invariant and stay in one file.
+//! The store, the plugin's own versions kept ahead of it and the watch loop that feeds both are
+//! one invariant and stay in one file.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
