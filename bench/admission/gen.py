@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the oversized AdmissionReviews of issue 15 into the folder given as argument:
+"""Writes oversized AdmissionReviews (pods far past what a real API server stores) into the folder given as argument:
 
   kai-91358.json   a KAI gpu-fraction pod with 91,358 tiny containers (~3.0 MiB)
   kai-239973.json  the same with 239,973 containers (~7.9 MiB)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# One review's cost against its size: the oversized reviews of issue 15 (gen.py) answered by the
+# One review's cost against its size: the oversized reviews written by gen.py, answered by the
 # release `hami-webhook review` (the same parse + decide + encode the server runs per request), each
-# under /usr/bin/time -v: wall time, peak RSS, answer and response size. Writes results.md.
+# under /usr/bin/time -v: wall time, peak RSS, answer and response size. Writes OUT (default
+# target/bench/admission/results.md): reports go under the repository's target/ (ignored by git),
+# never into the source tree (figures worth keeping are copied into docs/benchmarks.md).
 #
 #   bench/admission/run.sh            # RUNS=3
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 RUNS=${RUNS:-3}
-OUT=${OUT:-$ROOT/bench/admission/results.md}
+OUT=${OUT:-$ROOT/target/bench/admission/results.md}
+mkdir -p "$(dirname "$OUT")"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 cargo build --release -p hami-webhook --manifest-path "$ROOT/Cargo.toml" >&2
@@ -16,7 +19,7 @@ python3 "$ROOT/bench/admission/gen.py" "$WORK" >&2
 {
   echo "# One review's cost against its size"
   echo
-  echo "\`bench/admission/run.sh\` ($(date -u +%Y-%m-%d), $(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load average $(cut -d' ' -f1-3 /proc/loadavg)); RUNS=$RUNS, median wall time, largest peak RSS. \`hami-webhook review --per-gpu-vram-mib 81920 --file <review>\` (release); before this change (issue 15): kai-91358 10 s, 550 MiB, a 58.6 MiB patch; kai-239973 no answer in 40 s; hami-7.9MiB 129 MiB."
+  echo "\`bench/admission/run.sh\` ($(date -u +%Y-%m-%d), $(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load average $(cut -d' ' -f1-3 /proc/loadavg)); RUNS=$RUNS, median wall time, largest peak RSS. \`hami-webhook review --per-gpu-vram-mib 81920 --file <review>\` (release); before the webhook bounded a review's size: kai-91358 10 s, 550 MiB, a 58.6 MiB patch; kai-239973 no answer in 40 s; hami-7.9MiB 129 MiB."
   echo
   echo "| review | body | answer | response | wall (median) | peak RSS (max) |"
   echo "|---|---:|---|---:|---:|---:|"

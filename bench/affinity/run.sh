@@ -6,7 +6,9 @@
 # this, base. Check the outcomes column: the base rows are refused for "no GPU node" after the
 # full evaluation, this tree's over-limit rows for the limit. Also the Criterion
 # `decide` bench and the `kai_vram_index` bench of both, for the ordinary fixtures and lookups.
-# Writes bench/affinity/results.md (and the raw outputs beside it, in raw/).
+# Writes OUT_DIR/results.md and the raw outputs in OUT_DIR/raw/ (default OUT_DIR:
+# target/bench/affinity): reports go under the repository's target/ (ignored by git), never into the
+# source tree (figures worth keeping are copied into docs/benchmarks.md).
 #
 #   bench/affinity/run.sh                           # BASE=main CORE=0 SAMPLES=15 SLOW_SECONDS=30
 #   BUILD_ONLY=1 bench/affinity/run.sh              # build both into <target>/affinity-bench/{this,base}
@@ -18,11 +20,11 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BASE=${BASE:-main}
 CORE=${CORE:-0}
-OUT_DIR=${OUT_DIR:-$ROOT/bench/affinity}
 export SAMPLES=${SAMPLES:-15} SLOW_SECONDS=${SLOW_SECONDS:-30}
 CRITERION_ARGS=${CRITERION_ARGS:---warm-up-time 1 --measurement-time 3}
 # cargo's target folder (CARGO_TARGET_DIR honoured): this tree's build, and the base's beside it.
 TARGET=$("$ROOT/scripts/target-dir")
+OUT_DIR=${OUT_DIR:-$ROOT/target/bench/affinity}
 
 # Build one tree's three bench binaries into $2 (named without Cargo's hash).
 build() {

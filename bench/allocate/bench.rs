@@ -17,8 +17,8 @@ mod allocate_support;
 use std::time::{Duration, Instant};
 
 use allocate_support::*;
-use hami_device_plugin::allocation::executor::AllocateTiming;
 use hami_device_plugin::allocation::plan::AllocationSettings;
+use hami_device_plugin::allocation::shell::executor::AllocateTiming;
 use kube::api::DeleteParams;
 use serde_json::json;
 

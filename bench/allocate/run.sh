@@ -9,8 +9,10 @@
 #   bench/allocate/run.sh                       # 3 runs of 1000 allocations, 8 concurrent, /var/tmp
 #   RUNS=1 REST=0 ALLOCATIONS=200 CONCURRENCY=4 BENCH_DIR=/mnt/disk bench/allocate/run.sh
 #
-# Writes bench/allocate/results.md (also printed): the median p99 over the runs first, then each
-# run's full report. Release build. Run it on an otherwise idle machine.
+# Writes OUT (default target/bench/allocate/results.md, also printed): the median p99 over the runs
+# first, then each run's full report. Reports go under the repository's target/ (ignored by git),
+# never into the source tree (figures worth keeping are copied into docs/benchmarks.md). Release
+# build. Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ALLOCATIONS=${ALLOCATIONS:-1000}
@@ -20,7 +22,8 @@ RUNS=${RUNS:-3}
 REST=${REST:-0}
 cargo build --release -p hami-tests --example allocate_bench
 bin="$(scripts/target-dir)/release/examples/allocate_bench"
-out=${OUT:-bench/allocate/results.md}
+out=${OUT:-target/bench/allocate/results.md}
+mkdir -p "$(dirname "$out")"
 reports=$(mktemp -d)
 # The runs' files are kept until the last run is over, then removed: deleting thousands of files
 # makes ext4 pass over the recently deleted inodes (ext4_new_inode -> recently_deleted(), a window

@@ -5,7 +5,7 @@
 #   sudo bench/preload/run.sh                         # RUNS=5 rounds of N=2000 execs per variant
 #   sudo LIBVGPU=/path/libvgpu.so bench/preload/run.sh    # + libvgpu.so alone, and both together
 #   sudo LIB_BEFORE=/path/old/libhami_preload.so bench/preload/run.sh   # + an older build of ours
-#   RUNS=5 N=2000 LIB=path/to/libhami_preload.so OUT=results.md bench/preload/run.sh
+#   RUNS=5 N=2000 LIB=path/to/libhami_preload.so OUT=/tmp/preload.md bench/preload/run.sh
 #
 # Each exec is `/usr/bin/true` started by bench/preload/execbench.c (posix_spawn + waitpid, the
 # variants taking turns exec by exec) with only LD_PRELOAD in its environment, inside a private
@@ -15,16 +15,17 @@
 #   - KAI:  a gpu-fraction container's file (HAMI_GPU_FRACTION, HAMI_NODE_GPUS), the node GPU file
 #           and /dev/nvidia0 (195:0): the per-node step runs on every exec as well.
 # Needs root, unshare, cc, python3, mknod. LIB defaults to the shipped artifact
-# (scripts/build-preload). Writes OUT (default bench/preload/results.md; also printed): per
-# variant the median over the rounds of each round's median exec, and for our library the cost
-# over the empty one per round, its median and its best round. Targets (issue 22): at most 25 µs
-# over the empty library (best of the rounds), at most 10 % of what libvgpu.so itself costs over
-# the empty library, at most 64 KiB on disk.
+# (scripts/build-preload). Writes OUT (default target/bench/preload/results.md, also printed):
+# per variant the median over the rounds of each round's median exec, and for our library the cost
+# over the empty one per round, its median and its best round. Targets, so that every exec in a
+# GPU container stays cheap: at most 25 µs over the empty library (best of the rounds), at most
+# 10 % of what libvgpu.so itself costs over the empty library, at most 64 KiB on disk.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-5}
 N=${N:-2000}
-out=${OUT:-bench/preload/results.md}
+out=${OUT:-target/bench/preload/results.md}
+mkdir -p "$(dirname "$out")"
 [ "$(id -u)" = 0 ] || { echo "bench/preload: needs root (mount namespace, mknod)" >&2; exit 2; }
 LIB=${LIB:-$(scripts/build-preload | tail -n 1)}
 LIBVGPU=${LIBVGPU:-}

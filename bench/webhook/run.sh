@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Admission throughput and latency: hami-webhook against the Go standard-library baseline, same run,
 # same method (../shared/bench/README.md). Server pinned to core 0, h2load on core 1, TLS,
-# HTTP/1.1 keep-alive, 16 connections. Writes bench/webhook/results.md.
+# HTTP/1.1 keep-alive, 16 connections. Writes OUT (default target/bench/webhook/results.md). Reports
+# go under the repository's target/ (ignored by git), never into the source tree (figures worth
+# keeping are copied into docs/benchmarks.md).
 #
 #   bench/webhook/run.sh                  # RUNS=3 N=40000 RATE_N=50000
 #   RUNS=5 bench/webhook/run.sh
@@ -22,7 +24,8 @@ LOAD_CORE=${LOAD_CORE:-1}
 OURS_PORT=${OURS_PORT:-18443}
 OURS_METRICS=${OURS_METRICS:-18090}
 GO_PORT=${GO_PORT:-19443}
-OUT=${OUT:-$ROOT/bench/webhook/results.md}
+OUT=${OUT:-$ROOT/target/bench/webhook/results.md}
+mkdir -p "$(dirname "$OUT")"
 
 # On another machine (e.g. an idle many-core one) with prebuilt parts, nothing is built or installed:
 #   BIN=path/to/hami-webhook GO_PEER_BIN=path/to/go-peer FIXTURES_DIR=dir/with/the/handbook/fixtures \

@@ -6,11 +6,13 @@
 //! - [`kubelet`]: the device plugin API, the gRPC service kubelet calls, socket and registration;
 //! - [`gpu`]: the GPUs (NVML or an inventory file), the advertised device table, MIG, health,
 //!   topology scores;
-//! - [`allocation`]: `Allocate` for HAMi-core and static MIG (pure plan and device list; the
-//!   allocator, pod lookup and collector around them);
+//! - [`allocation`]: `Allocate` for HAMi-core and static MIG: the pure plan (`allocation/plan`)
+//!   and the I/O around it (`allocation/shell`: the allocator, pod lookup, hook folder,
+//!   collector);
 //! - [`commands`]: the one-shot commands `install-hook` and `plan`;
 //! - at the top, the shell of `run`: [`app`] (the composition root of `run` and `inventory`),
-//!   [`cli`] (the command line, parsing only), [`settings`] (configuration, read once at start),
+//!   [`cli`] (every flag of every command: the modules below take plain structs),
+//!   [`settings`] (configuration, read once at start, one loader for every command),
 //!   [`node_register`] (the `hami.io/node-nvidia-register` handshake with the HAMi scheduler),
 //!   [`metrics`] (Prometheus metrics, served with `/healthz` and `/readyz` by `hami_ops`).
 
@@ -24,3 +26,6 @@ pub mod metrics;
 pub mod node_register;
 pub mod regions;
 pub mod settings;
+
+/// The result of the program's top-level functions; modules below name their own error.
+pub type Result<T, E = app::AppError> = std::result::Result<T, E>;

@@ -92,19 +92,19 @@ fn main() -> ExitCode {
                     print!("{}", app::render_report(&report));
                 }
             }),
-            Command::Plan(args) => dry_run::run_plan(&args, app::config_environment())
+            Command::Plan(args) => dry_run::run_plan(&args.into(), app::config_environment())
                 .map_err(AppError::from)
                 .map(|report| print_plan(&report)),
-            Command::InstallHook(args) => install_hook::install_hook(&args)
+            Command::InstallHook(args) => install_hook::install_hook(&args.into())
                 .map_err(AppError::from)
                 .map(|report| print_install(&report)),
-            Command::Regions(args) => hami_device_plugin::commands::regions::regions(&args)
+            Command::Regions(args) => hami_device_plugin::commands::regions::regions(&args.into())
                 .map(|text| print!("{text}"))
                 .map_err(AppError::from),
             Command::ServePreload(args) => {
                 // As for `run`: a SIGTERM must not leave the socket behind.
                 let shutdown = hami_ops::shutdown_signal().map_err(AppError::Signals)?;
-                serve_preload::serve_preload(&args, shutdown)
+                serve_preload::serve_preload(&args.into(), shutdown)
                     .await
                     .map_err(AppError::from)
             }

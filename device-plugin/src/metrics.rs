@@ -407,14 +407,46 @@ impl Exposed for Metrics {
 ///
 /// # Errors
 /// A value that is neither empty, `off`, nor `HOST:PORT`.
-pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, String> {
+pub fn parse_listen(value: &str) -> Result<Option<SocketAddr>, ListenError> {
     let v = value.trim();
     if v.is_empty() || v.eq_ignore_ascii_case("off") {
         return Ok(None);
     }
-    v.parse()
-        .map(Some)
-        .map_err(|e| format!("--metrics-listen={value}: not HOST:PORT, empty or off ({e})"))
+    v.parse().map(Some).map_err(|source| ListenError::Address {
+        value: value.to_owned(),
+        source,
+    })
+}
+
+/// Binds `addr` for the ops server.
+///
+/// # Errors
+/// The address cannot be bound (in use, not local, not permitted).
+pub async fn bind_listen(addr: SocketAddr) -> Result<tokio::net::TcpListener, ListenError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ListenError::Bind { addr, source })
+}
+
+/// Why `--metrics-listen` cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    /// Not an address.
+    #[error("--metrics-listen={value}: not HOST:PORT, empty or off ({source})")]
+    Address {
+        /// The value given.
+        value: String,
+        /// Why it is not an address.
+        source: std::net::AddrParseError,
+    },
+    /// The address cannot be bound.
+    #[error("cannot listen on {addr} (--metrics-listen): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
 }
 
 /// The metrics renderer for [`hami_ops::router`].

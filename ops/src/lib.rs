@@ -316,13 +316,42 @@ where
     }
 }
 
-/// Install the process-wide subscriber for `format` on stderr. Returns an error message when one
-/// is already installed.
-pub fn init_logging(format: LogFormat) -> Result<(), String> {
+/// What the operations layer can fail at.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpsError {
+    /// A process-wide log subscriber is installed already.
+    Logging(tracing::subscriber::SetGlobalDefaultError),
+}
+
+impl std::fmt::Display for OpsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Logging(e) => write!(f, "cannot install logging: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Logging(e) => Some(e),
+        }
+    }
+}
+
+/// This crate's results.
+pub type Result<T, E = OpsError> = std::result::Result<T, E>;
+
+/// Install the process-wide subscriber for `format` on stderr.
+///
+/// # Errors
+/// [`OpsError::Logging`] when one is already installed.
+pub fn init_logging(format: LogFormat) -> Result<()> {
     let stderr = std::io::stderr();
     let ansi = std::io::IsTerminal::is_terminal(&stderr);
     tracing::subscriber::set_global_default(log_subscriber(format, std::io::stderr, ansi))
-        .map_err(|e| format!("cannot install logging: {e}"))
+        .map_err(OpsError::Logging)
 }
 
 /// Install the SIGTERM and SIGINT handlers now and return a future that completes on the first

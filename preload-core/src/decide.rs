@@ -167,7 +167,7 @@ pub struct FractionRequest<'b> {
 ///
 /// # Errors
 /// [`Untouched`]: no memory limit, or no complete line in a truncated read.
-pub fn read_limits(contents: &[u8], truncated: bool) -> Result<Limits, Untouched> {
+pub fn read_limits(contents: &[u8], truncated: bool) -> crate::Result<Limits> {
     let contents = if truncated {
         match contents.iter().rposition(|b| *b == b'\n') {
             Some(end) => contents.get(..=end).unwrap_or_default(),

@@ -14,6 +14,10 @@
 #![no_std]
 #![forbid(unsafe_code)]
 
+/// This crate's results: a decision, or why the environment stays as it was
+/// ([`decide::Untouched`]); the per-node step names its own reason ([`decide::Kept`]).
+pub type Result<T, E = decide::Untouched> = core::result::Result<T, E>;
+
 pub mod decide;
 pub mod fraction;
 pub mod grammar;

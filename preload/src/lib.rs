@@ -398,6 +398,7 @@ fn has_equals(entry: *const c_char, from: usize) -> bool {
     }
 }
 
+/// Why a file the library reads could not be read.
 #[derive(Clone, Copy)]
 enum ReadError {
     Missing,
@@ -405,15 +406,19 @@ enum ReadError {
     Unreadable,
 }
 
+/// This library's results: what a read returned, or [`ReadError`]; the decisions name their own
+/// reasons (`Result<_, Kept>`).
+type Result<T, E = ReadError> = core::result::Result<T, E>;
+
 /// Read the NUL-terminated `path` into `buf` (at most its length); the number of bytes read.
 /// Opened non-blocking (a FIFO never blocks the process) and checked to be a regular file before
 /// anything is read.
-fn read_file(path: &[u8], buf: &mut [u8]) -> Result<usize, ReadError> {
+fn read_file(path: &[u8], buf: &mut [u8]) -> Result<usize> {
     read_file_at(path.as_ptr(), buf)
 }
 
 /// [`read_file`] of a path given by its first byte; the path must be NUL-terminated.
-fn read_file_at(path: *const u8, buf: &mut [u8]) -> Result<usize, ReadError> {
+fn read_file_at(path: *const u8, buf: &mut [u8]) -> Result<usize> {
     // SAFETY: `path` is NUL-terminated: a constant of this file, or the `HAMI_NODE_GPUS` value in
     // the file's buffer, whose line end `run` overwrote with a NUL.
     let fd = unsafe {
@@ -435,7 +440,7 @@ fn read_file_at(path: *const u8, buf: &mut [u8]) -> Result<usize, ReadError> {
     result
 }
 
-fn read_regular(fd: c_int, buf: &mut [u8]) -> Result<usize, ReadError> {
+fn read_regular(fd: c_int, buf: &mut [u8]) -> Result<usize> {
     let size = match fd_stat(fd, b"\0", libc::AT_EMPTY_PATH) {
         Some(st) if st.mode & libc::S_IFMT == libc::S_IFREG => st.size,
         Some(_) => return Err(ReadError::NotRegular),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How far a real node gets on the GPU machine (issue: "the same node on the GPU machine"): one run
+# How far a real node gets on the GPU machine (the same node as in CI, on a real GPU): one run
 # that tries each part and reports every step, ok or FAILED with the reason, instead of stopping at
 # the first failure. The GPU machine has no network and a 64 MiB carry, so it cannot hold a whole
 # cluster (the Kubernetes binaries alone are 430 MB); what it gets, from a folder carried beside

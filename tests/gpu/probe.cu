@@ -59,12 +59,20 @@ static int driver_api(size_t bytes) {
   return 0;
 }
 
+// Not strtoul: glibc 2.38's headers bind it (and atol, inlined) to __isoc23_strtoul, which the
+// workload image's older libc lacks when the probe is built on a newer host.
+static unsigned long long parse_decimal(const char *s) {
+  unsigned long long v = 0;
+  while (*s >= '0' && *s <= '9') v = v * 10 + (unsigned long long)(*s++ - '0');
+  return v;
+}
+
 int main(int argc, char **argv) {
   if ((argc != 3 && argc != 4) || (strcmp(argv[1], "runtime") && strcmp(argv[1], "driver"))) {
     fprintf(stderr, "usage: %s runtime|driver MIB [HOLD_SECONDS]\n", argv[0]);
     return 64;
   }
-  if (argc == 4) hold_seconds = (unsigned)strtoul(argv[3], NULL, 10);
-  size_t bytes = (size_t)strtoull(argv[2], NULL, 10) << 20;
+  if (argc == 4) hold_seconds = (unsigned)parse_decimal(argv[3]);
+  size_t bytes = (size_t)parse_decimal(argv[2]) << 20;
   return strcmp(argv[1], "runtime") == 0 ? runtime_api(bytes) : driver_api(bytes);
 }

@@ -6,6 +6,10 @@
 //! that start processes ([`local`]), a Node reflector ([`reflector`]), and
 //! a pod read as JSON ([`pod_json`]).
 
+/// This crate's results: each room names its own error (`Result<T, KubeletError>`); a test's own
+/// function, which `?`s over several of them, takes the default.
+pub type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
 pub mod apiserver;
 pub mod docs;
 pub mod hook;

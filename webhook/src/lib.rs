@@ -21,7 +21,13 @@ pub use policy::basis::VramBasis;
 pub use policy::decide::{decide, decide_pod};
 pub use policy::mutation::{Decision, Denial, Observation, Outcome, PodMutation};
 pub use policy::settings::Settings;
+pub use shell::error::WebhookError;
 pub use wire::review::{AdmissionRequest, AdmissionReview, BodyError};
+
+/// This crate's results; each room names its own error (`Result<T, SettingsLoadError>`), a
+/// command's is [`WebhookError`]. The core (`policy`, `wire`) spells `std`'s: it imports nothing
+/// from the shell, where [`WebhookError`] lives.
+pub type Result<T, E = WebhookError> = std::result::Result<T, E>;
 
 /// Review one AdmissionReview body with `settings` and the per-GPU VRAM basis `vram`: the
 /// function the server, `hami-webhook review` and the benchmarks share.

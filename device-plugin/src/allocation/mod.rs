@@ -2,29 +2,18 @@
 //! container (envs, mounts, limits file), publish the limits file, update the pod; and collect
 //! the files of pods that are gone.
 //!
-//! - [`codec`]: `hami.io/vgpu-devices-to-allocate`, decoded and encoded as HAMi does;
-//! - [`pod_lookup`]: the pod being allocated (node lock, else the pending pod; the watch-fed
-//!   view of this node's pods read first), for `Allocate` and `GetPreferredAllocation`;
-//! - [`plan`]: the pure [`plan::AllocationPlan`];
-//! - [`device_list`]: how the container learns its devices (device list and ID strategies,
-//!   device specs, CDI, GDS/MOFED/GDRCopy, IMEX), pure, under HAMi's setting names;
-//! - [`container_response`]: the mounts and device specs both of them build;
-//! - [`executor`]: [`executor::Allocator`], the [`crate::kubelet::service::AllocateHandler`];
-//! - [`hook`]: the hook folder (which file is HAMi-core; does a plan get every file its
-//!   `ld.so.preload` names);
-//! - [`collector`]: removal of dead pods' directories and limits files;
-//! - [`config`]: the settings the plan needs, from the device and node config files;
-//! - [`mig`]: `Allocate` for static MIG devices (no HAMi-core).
+//! The two folders are the two layers, as the webhook's `policy` and `shell` are:
+//!
+//! - [`plan`]: the pure decision. The pod's devices annotation ([`plan::codec`]), the container's
+//!   device list ([`plan::device_list`]), the spec checks ([`plan::spec_guard`]), the entry check
+//!   against the node's GPUs ([`plan::entry_check`]), what makes a pod the one being allocated
+//!   ([`plan::pod`]) and the [`plan::AllocationPlan`] itself. No file, socket, clock or client:
+//!   `tests/tests/it/module_graph.rs` keeps it so.
+//! - [`shell`]: the I/O around it. The [`shell::executor::Allocator`] (the kubelet handler:
+//!   disk, pod patch, Events), the pod lookup ([`shell::pod_lookup`]), the hook folder as read
+//!   from disk ([`shell::hook`]), the host's IMEX channels and CDI specs
+//!   ([`shell::host_checks`]), the collector of dead pods' files ([`shell::collector`]) and the
+//!   static MIG handler ([`shell::mig`]).
 
-pub mod codec;
-pub mod collector;
-pub mod config;
-pub mod container_response;
-pub mod device_list;
-pub mod entry_check;
-pub mod executor;
-pub mod hook;
-pub mod mig;
 pub mod plan;
-pub mod pod_lookup;
-pub mod spec_guard;
+pub mod shell;

@@ -2,26 +2,19 @@
 
 use std::sync::Arc;
 
-use super::{AppError, RunContext, seconds};
-use crate::allocation::{collector, executor};
+use super::{RunContext, seconds};
+use crate::allocation::shell::{collector, executor};
 use crate::kubelet::service::AllocateHandler;
 
-/// The `Allocate` handler `run` installs: the [`executor::Allocator`] with its settings from the
-/// device and node config (dynamic MIG refused here, at start), reading pods from the run's
-/// `PodCache` (fed by a watch of the node's pods), and the [`collector::Collector`]
-/// started beside it. Without an API server client (`--skip-node-register`) the pod cannot be
-/// found, so only `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
-pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler>, AppError> {
-    // From the settings loaded at start: the configuration files are read once.
-    let mut settings = crate::allocation::config::from_plugin_settings(
-        &ctx.settings,
-        ctx.source.node_config.as_deref(),
-        &ctx.node_name,
-        &ctx.allocate.hook_path,
-    )?;
-    settings.device_list = ctx.device_list.clone();
-    settings.node_devices = ctx.node_devices.clone();
-    ctx.allocate.guard.apply(&mut settings.guard);
+/// The `Allocate` handler `run` installs: the [`executor::Allocator`] with the allocation
+/// settings `run` built at start ([`RunContext::allocation`]: dynamic MIG already refused),
+/// reading pods from the run's `PodCache` (fed by a watch of the node's pods), and the
+/// [`collector::Collector`] started beside it, stopped with the run ([`RunContext::tasks`]).
+/// Without an API server client (`--skip-node-register`) the pod cannot be found, so only
+/// `NVIDIA_VISIBLE_DEVICES` is answered, with a warning.
+pub fn make_allocate_handler(ctx: &RunContext) -> crate::Result<Arc<dyn AllocateHandler>> {
+    // Built once at start, by the constructor `plan` uses too.
+    let settings = ctx.allocation.clone();
     let collect = collector::CollectorSettings {
         interval: seconds("collect-interval", ctx.allocate.collect_interval)?,
         grace: seconds("collect-grace", ctx.allocate.collect_grace)?,
@@ -56,7 +49,7 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         tracing::error!(%error, "HAMi-core's lock folder is not usable; every allocation will fail until it is");
     }
     if let Err(error) =
-        crate::allocation::hook::HookFolder::read(&settings.vgpu_dir()).check_ready()
+        crate::allocation::shell::hook::HookFolder::read(&settings.vgpu_dir()).check_ready()
     {
         tracing::error!(%error, hook = %settings.vgpu_dir().display(), "the hook folder cannot serve HAMi-core containers; their allocations fail until it can (it is read again on every Allocate)");
     }
@@ -67,7 +60,7 @@ pub fn make_allocate_handler(ctx: &RunContext) -> Result<Arc<dyn AllocateHandler
         collect,
     )
     .with_metrics(Arc::clone(&ctx.metrics));
-    tokio::spawn(collector.run(std::future::pending()));
+    ctx.tasks.spawn(collector.run(ctx.tasks.until_stopped()));
     start_region_exporter(ctx, client, settings.containers_dir())?;
     let mut allocator = executor::Allocator::new(client.clone(), ctx.node_name.clone(), settings)
         .with_metrics(Arc::clone(&ctx.metrics));
@@ -84,13 +77,9 @@ fn start_region_exporter(
     ctx: &RunContext,
     client: &kube::Client,
     containers_dir: std::path::PathBuf,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     use crate::regions::{RegionExporter, events, hami::HamiFolders};
-    let Some(settings) = ctx
-        .allocate_regions
-        .settings()
-        .map_err(AppError::MetricsListen)?
-    else {
+    let Some(settings) = ctx.allocate_regions.settings()? else {
         tracing::info!("region exporter off (--region-interval=0)");
         return Ok(());
     };
@@ -104,16 +93,26 @@ fn start_region_exporter(
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let exporter = RegionExporter::new(&ctx.node_name, source, settings, Some(tx));
     ctx.metrics.set_regions(exporter.registry());
-    tokio::spawn(events::publish(
+    // The exporter's sender lives as long as the metrics registry holds the exporter: the
+    // publisher stops on the signal, not when the channel closes.
+    let publish = events::publish(
         crate::node_register::recorder(client.clone(), &ctx.node_name),
         rx,
-    ));
+    );
+    let stop = ctx.tasks.until_stopped();
+    ctx.tasks.spawn(async move {
+        tokio::select! {
+            () = stop => {}
+            () = publish => {}
+        }
+    });
     tracing::info!(
         interval_s = settings.interval.as_secs_f64(),
         scrape_files = settings.scrape_files,
         scrape_budget_ms = settings.scrape_budget.as_millis(),
         "region exporter started"
     );
-    tokio::spawn(exporter.run(|| async {}, std::future::pending()));
+    ctx.tasks
+        .spawn(exporter.run(|| async {}, ctx.tasks.until_stopped()));
     Ok(())
 }

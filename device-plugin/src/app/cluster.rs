@@ -7,9 +7,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::AppError;
-use crate::allocation::pod_lookup::cache::PodCache;
-use crate::allocation::pod_lookup::locator::KubePendingPod;
+use super::tasks::TaskStop;
+use crate::allocation::shell::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::locator::KubePendingPod;
 use crate::cli::RunArgs;
 use crate::gpu::devices::DeviceTable;
 use crate::kubelet::service::{NoPendingPod, PendingPodDevices, SharedState};
@@ -24,7 +24,8 @@ pub(super) async fn connect(
     args: &RunArgs,
     client: Option<kube::Client>,
     node_name: &str,
-) -> Result<(Option<kube::Client>, Option<Arc<PodCache>>), AppError> {
+    tasks: &TaskStop,
+) -> crate::Result<(Option<kube::Client>, Option<Arc<PodCache>>)> {
     let client = match client {
         _ if args.skip_node_register => None,
         Some(client) => Some(client),
@@ -32,10 +33,10 @@ pub(super) async fn connect(
     };
     let pod_cache = client.as_ref().map(|client| {
         let cache = PodCache::new();
-        tokio::spawn(Arc::clone(&cache).run(
+        tasks.spawn(Arc::clone(&cache).run(
             client.clone(),
             node_name.to_owned(),
-            std::future::pending(),
+            tasks.until_stopped(),
         ));
         cache
     });
@@ -76,7 +77,7 @@ pub(super) fn spawn_node_register(
         .map(|(_, state)| state.table.subscribe());
     let (no_devices, unregistered) = watch::channel(DeviceTable::shares(
         Vec::new(),
-        settings.split_count,
+        settings.split_count(),
         settings.numa_topology,
     ));
     let table = registered.unwrap_or(unregistered);

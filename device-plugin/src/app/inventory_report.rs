@@ -80,7 +80,7 @@ fn report_devices(table: &DeviceTable) -> Vec<ReportDevice> {
 }
 
 /// Builds the `inventory` report.
-pub fn inventory_report(source: &SourceArgs) -> Result<InventoryReport, AppError> {
+pub fn inventory_report(source: &SourceArgs) -> crate::Result<InventoryReport> {
     let settings = load_settings(source)?;
     let (inventory, gpus, advertised) = discover(source, &settings)?;
     let Some(first) = advertised.resources.first() else {

@@ -13,8 +13,8 @@ use tokio::task::JoinHandle;
 
 use super::ops::OpsServer;
 use super::{AppError, Discovered, discover};
-use crate::allocation::device_list::{DeviceListSettings, NodeDevices};
-use crate::allocation::mig::MigAllocate;
+use crate::allocation::plan::device_list::{DeviceListSettings, NodeDevices};
+use crate::allocation::shell::mig::MigAllocate;
 use crate::cli::{RunArgs, SourceArgs};
 use crate::gpu::devices::{Advertised, DeviceTable};
 use crate::gpu::health::HealthCheckPolicy;
@@ -22,9 +22,7 @@ use crate::gpu::inventory::{Gpu, GpuInventory, InventoryError};
 use crate::gpu::mig::MigStrategy;
 use crate::kubelet::api;
 use crate::kubelet::plugin::{self, Lifecycle};
-use crate::kubelet::service::{
-    AllocateHandler, PendingPodDevices, SharedState, spawn_health_updates_all,
-};
+use crate::kubelet::service::{AllocateHandler, PendingPodDevices, SharedState, health_updates};
 use crate::metrics::Metrics;
 use crate::settings::PluginSettings;
 
@@ -41,7 +39,7 @@ pub(super) async fn wait_for_gpus<S: Future<Output = ()>>(
     ops: &OpsServer,
     metrics: &Metrics,
     shutdown: &mut Pin<&mut S>,
-) -> Result<Option<Discovered>, AppError> {
+) -> crate::Result<Option<Discovered>> {
     let kubelet_socket = args.kubelet_dir.join(api::KUBELET_SOCKET);
     loop {
         let reason = match discover(&args.source, settings) {
@@ -117,7 +115,7 @@ pub(super) fn plugin_states(
     (device_list, node_devices): (&DeviceListSettings, &NodeDevices),
     allocate: &Arc<dyn AllocateHandler>,
     pending: &Arc<dyn PendingPodDevices>,
-) -> Result<Vec<(String, Arc<SharedState>)>, AppError> {
+) -> crate::Result<Vec<(String, Arc<SharedState>)>> {
     let mut states = Vec::with_capacity(advertised.resources.len());
     for r in &advertised.resources {
         let handler: Arc<dyn AllocateHandler> = if r.table.is_mig() {
@@ -148,7 +146,8 @@ pub(super) fn watch_health(
     advertised: &Advertised,
     policy: &HealthCheckPolicy,
     states: &[(String, Arc<SharedState>)],
-) -> Result<(), AppError> {
+    tasks: &super::tasks::TaskStop,
+) -> crate::Result<()> {
     let watched: Vec<String> = advertised
         .resources
         .iter()
@@ -161,10 +160,18 @@ pub(super) fn watch_health(
         .collect();
     let (health_tx, health_rx) = mpsc::unbounded_channel();
     inventory.watch_health(&watched_gpus, policy, health_tx)?;
-    spawn_health_updates_all(
+    // On the stop, the receiver is dropped: the watch sees its channel closed and ends.
+    let updates = health_updates(
         states.iter().map(|(_, s)| Arc::clone(s)).collect(),
         health_rx,
     );
+    let stop = tasks.until_stopped();
+    tasks.spawn(async move {
+        tokio::select! {
+            () = stop => {}
+            () = updates => {}
+        }
+    });
     Ok(())
 }
 
@@ -175,7 +182,7 @@ pub(super) async fn serve_plugins<S: Future<Output = ()>>(
     ops: &OpsServer,
     metrics: &Arc<Metrics>,
     shutdown: &mut Pin<&mut S>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let (plugins_stop, plugins_stopped) = watch::channel(false);
     let mut others = Vec::new();
     let mut serving = Vec::new();

@@ -10,8 +10,9 @@
 
 use std::time::Duration;
 
-use crate::allocation::config::ConfigError;
+use crate::allocation::shell::host_checks::HostCheckError;
 use crate::cli::SourceArgs;
+use crate::commands::plan::DryRunError;
 use crate::gpu::devices::{
     AdvertiseSettings, Advertised, DeviceTable, MigLayoutError, NoGpuError, advertise,
 };
@@ -20,7 +21,7 @@ use crate::gpu::mig::MigStrategy;
 use crate::gpu::nvml::NvmlInventory;
 use crate::gpu::topology;
 use crate::kubelet::plugin::LifecycleError;
-use crate::settings::{PluginSettings, SettingsError};
+use crate::settings::{PluginSettings, PluginSettingsError};
 
 pub mod allocate;
 mod cluster;
@@ -28,6 +29,7 @@ pub mod inventory_report;
 mod kubelet;
 mod ops;
 pub mod run;
+pub mod tasks;
 
 pub use allocate::make_allocate_handler;
 pub use inventory_report::{
@@ -38,9 +40,10 @@ pub use run::{RunContext, RunOptions, run, run_with_client, run_with_options};
 /// Why the binary stops with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    /// Configuration is invalid.
+    /// The device config or the node config is invalid (the one error for it, from `run`,
+    /// `inventory` and `plan` alike).
     #[error(transparent)]
-    Settings(#[from] SettingsError),
+    Settings(#[from] PluginSettingsError),
     /// GPUs could not be listed.
     #[error(transparent)]
     Inventory(#[from] InventoryError),
@@ -75,9 +78,9 @@ pub enum AppError {
     /// kubelet side failed.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
-    /// Allocation settings are invalid (dynamic MIG, a bad config value).
+    /// The device list settings cannot be used on this host.
     #[error(transparent)]
-    Allocation(#[from] ConfigError),
+    HostCheck(#[from] HostCheckError),
     /// The device list settings cannot be honoured for a MIG resource's devices.
     #[error(
         "{resource}: {source}; set PASS_DEVICE_SPECS=false or use a CDI device list strategy, or give the MIG devices their device nodes"
@@ -86,17 +89,17 @@ pub enum AppError {
         /// The resource, e.g. `nvidia.com/mig-1g.18gb`.
         resource: String,
         /// Why.
-        source: crate::allocation::device_list::DeviceListError,
+        source: crate::allocation::plan::device_list::DeviceListError,
     },
     /// `--metrics-listen` is not an address, or cannot be bound.
-    #[error("{0}")]
-    MetricsListen(String),
-    /// A region exporter flag is not usable.
-    #[error("{0}")]
-    RegionExport(String),
-    /// `plan` failed.
     #[error(transparent)]
-    Plan(#[from] crate::commands::plan::DryRunError),
+    MetricsListen(#[from] crate::metrics::ListenError),
+    /// A region exporter flag is not usable.
+    #[error(transparent)]
+    RegionExport(#[from] crate::regions::export::RegionIntervalError),
+    /// `plan` failed (for another reason than its settings).
+    #[error(transparent)]
+    Plan(DryRunError),
     /// `install-hook` failed.
     #[error(transparent)]
     InstallHook(#[from] crate::commands::install_hook::InstallHookError),
@@ -127,14 +130,24 @@ impl AppError {
             Self::Settings(_)
             | Self::MissingNodeName
             | Self::BadDuration { .. }
-            | Self::Allocation(_)
+            | Self::HostCheck(_)
             | Self::MetricsListen(_)
-            | Self::RegionExport(_)
-            | Self::Plan(crate::commands::plan::DryRunError::Config(_)) => 2,
+            | Self::RegionExport(_) => 2,
             Self::InstallHook(e) => e.exit_code(),
             Self::ServePreload(e) => e.exit_code(),
             Self::Regions(e) => e.exit_code(),
             _ => 1,
+        }
+    }
+}
+
+impl From<DryRunError> for AppError {
+    /// A settings error of `plan` is the settings error `run` would stop with.
+    fn from(error: DryRunError) -> Self {
+        match error {
+            DryRunError::Settings(e) => Self::Settings(e),
+            DryRunError::HostCheck(e) => Self::HostCheck(e),
+            other => Self::Plan(other),
         }
     }
 }
@@ -146,7 +159,7 @@ pub fn config_environment() -> impl Iterator<Item = (String, String)> {
 }
 
 /// The settings for this node from the files named in `source` and the process environment.
-pub fn load_settings(source: &SourceArgs) -> Result<PluginSettings, SettingsError> {
+pub fn load_settings(source: &SourceArgs) -> crate::Result<PluginSettings, PluginSettingsError> {
     let mut settings = PluginSettings::load(
         source.config.as_deref(),
         source.node_config.as_deref(),
@@ -167,7 +180,7 @@ pub fn node_score(
     source: &SourceArgs,
     inventory: &dyn GpuInventory,
     table: &DeviceTable,
-) -> Result<Option<topology::Scores>, AppError> {
+) -> crate::Result<Option<topology::Scores>> {
     if !source.topology_score {
         return Ok(None);
     }
@@ -193,7 +206,7 @@ pub fn open_inventory(source: &SourceArgs) -> Result<Box<dyn GpuInventory>, Inve
     }
 }
 
-fn seconds(flag: &'static str, value: f64) -> Result<Duration, AppError> {
+fn seconds(flag: &'static str, value: f64) -> crate::Result<Duration> {
     Duration::try_from_secs_f64(value)
         .ok()
         .filter(|d| !d.is_zero())
@@ -206,14 +219,14 @@ fn registered_table(advertised: &Advertised, settings: &PluginSettings) -> Devic
     advertised
         .resource(&settings.resource_name)
         .map(|r| r.table.clone())
-        .unwrap_or_else(|| DeviceTable::shares(Vec::new(), settings.split_count, false))
+        .unwrap_or_else(|| DeviceTable::shares(Vec::new(), settings.split_count(), false))
 }
 
 /// The inventory backend, the GPUs it listed, and what is advertised of them.
 type Discovered = (Box<dyn GpuInventory>, Vec<Gpu>, Advertised);
 
 /// Opens the inventory, lists the GPUs and decides what to advertise.
-fn discover(source: &SourceArgs, settings: &PluginSettings) -> Result<Discovered, AppError> {
+fn discover(source: &SourceArgs, settings: &PluginSettings) -> crate::Result<Discovered> {
     let inventory = open_inventory(source)?;
     let found = inventory.discover()?;
     let advertised = advertise(found.clone(), &advertise_settings(source, settings))?;
@@ -228,7 +241,7 @@ pub fn advertise_settings<'a>(
     AdvertiseSettings {
         resource_name: &settings.resource_name,
         filter: &settings.filter,
-        split_count: settings.split_count,
+        split_count: settings.split_count(),
         numa_topology: settings.numa_topology,
         mig_strategy: source.mig_strategy,
         pre_configured_memory_mib: settings.nvidia.plugin.pre_configured_device_memory,

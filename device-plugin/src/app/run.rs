@@ -15,15 +15,16 @@ use super::kubelet::{
     log_advertised, plugin_states, serve_plugins, spawn_device_counts, wait_for_gpus, watch_health,
 };
 use super::ops::OpsServer;
+use super::tasks::TaskStop;
 use super::{AppError, load_settings, node_score, registered_table, seconds};
-use crate::allocation::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::cache::PodCache;
 use crate::cli::{RunArgs, SourceArgs};
 use crate::gpu::health::HealthCheckPolicy;
 use crate::gpu::topology;
 use crate::kubelet::service::AllocateHandler;
 use crate::metrics::Metrics;
 use crate::node_register::NodeRegisterConfig;
-use crate::settings::PluginSettings;
+use crate::settings::{AllocationInputs, PluginSettings};
 
 /// What an allocate handler factory may use.
 #[derive(Clone)]
@@ -36,14 +37,12 @@ pub struct RunContext {
     pub client: Option<kube::Client>,
     /// Where the settings came from.
     pub source: SourceArgs,
-    /// Allocation flags.
+    /// Allocation flags (the collector's interval and grace).
     pub allocate: crate::cli::AllocateArgs,
-    /// The device list settings (`DEVICE_LIST_STRATEGY`, …), parsed once at start, for GPU
-    /// shares and MIG devices alike.
-    pub device_list: crate::allocation::device_list::DeviceListSettings,
-    /// The advertised GPUs' and MIG devices' index and device nodes by UUID (for
-    /// `DEVICE_ID_STRATEGY=index` and `PASS_DEVICE_SPECS`).
-    pub node_devices: crate::allocation::device_list::NodeDevices,
+    /// The allocation settings, built once at start as `plan` builds them
+    /// ([`PluginSettings::allocation_settings`]); their device list (`DEVICE_LIST_STRATEGY`, …)
+    /// serves GPU shares and MIG devices alike.
+    pub allocation: crate::allocation::plan::AllocationSettings,
     /// Where the allocator and the collector report.
     pub metrics: Arc<Metrics>,
     /// The watch-fed view of this node's pods (with a client), shared by `Allocate` and
@@ -51,6 +50,9 @@ pub struct RunContext {
     pub pod_cache: Option<Arc<PodCache>>,
     /// The region exporter's flags.
     pub allocate_regions: crate::regions::export::RegionArgs,
+    /// Stops the tasks the allocate handler factory spawns (the collector, the region
+    /// exporter); `run` cancels it when it stops.
+    pub tasks: TaskStop,
 }
 
 impl std::fmt::Debug for RunContext {
@@ -67,9 +69,9 @@ impl std::fmt::Debug for RunContext {
 /// handler from the resolved context (the extension point of the allocation logic).
 pub async fn run(
     args: RunArgs,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     run_with_client(args, None, make_allocate, shutdown).await
 }
 
@@ -78,9 +80,9 @@ pub async fn run(
 pub async fn run_with_client(
     args: RunArgs,
     client: Option<kube::Client>,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let options = RunOptions {
         client,
         ..RunOptions::default()
@@ -111,9 +113,9 @@ impl std::fmt::Debug for RunOptions {
 pub async fn run_with_options(
     args: RunArgs,
     options: RunOptions,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
     shutdown: impl Future<Output = ()>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let RunOptions {
         client,
         metrics_listener,
@@ -127,28 +129,29 @@ pub async fn run_with_options(
     let start = StartSettings::resolve(&args)?;
     // The ops server first: its probes answer while the plugin waits for GPUs.
     let ops = OpsServer::start(metrics_listener, &metrics);
+    // The tasks beside the kubelet side: stopped, and waited for, however `serve` returns.
+    let tasks = TaskStop::new();
     let result = serve(
         &args,
         &start,
         client,
         make_allocate,
-        &metrics,
+        (&metrics, &tasks),
         &ops,
         &mut shutdown,
     )
     .await;
+    tasks.stop().await;
     ops.stop().await;
     result
 }
 
 /// `--metrics-listen`: the address bound, or `None` when empty or `off`.
-async fn bind_metrics_listener(listen: &str) -> Result<Option<tokio::net::TcpListener>, AppError> {
-    let Some(addr) = crate::metrics::parse_listen(listen).map_err(AppError::MetricsListen)? else {
+async fn bind_metrics_listener(listen: &str) -> crate::Result<Option<tokio::net::TcpListener>> {
+    let Some(addr) = crate::metrics::parse_listen(listen)? else {
         return Ok(None);
     };
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        AppError::MetricsListen(format!("cannot listen on {addr} (--metrics-listen): {e}"))
-    })?;
+    let listener = crate::metrics::bind_listen(addr).await?;
     Ok(Some(listener))
 }
 
@@ -163,7 +166,7 @@ struct StartSettings {
 }
 
 impl StartSettings {
-    fn resolve(args: &RunArgs) -> Result<Self, AppError> {
+    fn resolve(args: &RunArgs) -> crate::Result<Self> {
         let settings = load_settings(&args.source)?;
         let node_name = args
             .source
@@ -218,11 +221,11 @@ async fn serve<S: Future<Output = ()>>(
     args: &RunArgs,
     start: &StartSettings,
     client: Option<kube::Client>,
-    make_allocate: impl FnOnce(&RunContext) -> Result<Arc<dyn AllocateHandler>, AppError>,
-    metrics: &Arc<Metrics>,
+    make_allocate: impl FnOnce(&RunContext) -> crate::Result<Arc<dyn AllocateHandler>>,
+    (metrics, tasks): (&Arc<Metrics>, &TaskStop),
     ops: &OpsServer,
     shutdown: &mut Pin<&mut S>,
-) -> Result<(), AppError> {
+) -> crate::Result<()> {
     let settings = &start.settings;
     let Some((inventory, found, advertised)) =
         wait_for_gpus(args, settings, ops, metrics, shutdown).await?
@@ -234,29 +237,39 @@ async fn serve<S: Future<Output = ()>>(
     // Over the GPUs of the register annotation (HAMi: `GetDevicesUUIDList` of the same list).
     let scored = registered_table(&advertised, settings);
     let score = node_score(&args.source, inventory.as_ref(), &scored)?;
-    let (client, pod_cache) = connect(args, client, &start.node_name).await?;
-    let (device_list, notes) =
-        crate::allocation::config::device_list_settings(&args.allocate.device_list)?;
+    let (client, pod_cache) = connect(args, client, &start.node_name, tasks).await?;
+    let (device_list, notes) = crate::allocation::shell::host_checks::device_list_settings(
+        &args.allocate.device_list.clone().into(),
+    )?;
     for note in &notes {
         tracing::warn!("{note}");
     }
+    let allocation = settings.allocation_settings(AllocationInputs {
+        hook_path: args.allocate.hook_path.clone(),
+        device_list,
+        // Every GPU and MIG device found (index and device nodes); the scheduler assigns only
+        // advertised ones.
+        node_devices: crate::allocation::plan::device_list::NodeDevices::from_gpus(&found),
+        guard: args.allocate.guard.clone().into(),
+    })?;
     let context = RunContext {
         node_name: start.node_name.clone(),
         settings: settings.clone(),
         client: client.clone(),
         source: args.source.clone(),
         allocate: args.allocate.clone(),
-        device_list,
-        // Every GPU and MIG device found (index and device nodes); the scheduler assigns only
-        // advertised ones.
-        node_devices: crate::allocation::device_list::NodeDevices::from_gpus(&found),
+        allocation,
         metrics: Arc::clone(metrics),
         pod_cache: pod_cache.clone(),
-        allocate_regions: args.regions.clone(),
+        allocate_regions: args.regions.clone().into(),
+        tasks: tasks.clone(),
     };
     let allocate = make_allocate(&context)?;
     let pending = pending_pods(client.as_ref(), pod_cache, &start.node_name);
-    let lists = (&context.device_list, &context.node_devices);
+    let lists = (
+        &context.allocation.device_list,
+        &context.allocation.node_devices,
+    );
     let states = plugin_states(&advertised, settings, lists, &allocate, &pending)?;
     watch_health(
         inventory.as_ref(),
@@ -264,6 +277,7 @@ async fn serve<S: Future<Output = ()>>(
         &advertised,
         &start.health,
         &states,
+        tasks,
     )?;
     let devices_task = spawn_device_counts(&states, Arc::clone(metrics), ops.until_stopped());
     let register_task = client.map(|client| {

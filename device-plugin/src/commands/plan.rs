@@ -6,50 +6,44 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::Args;
 use hami_shared::names;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use crate::allocation::config::{ConfigError, device_list_settings, load_allocation_settings};
-use crate::allocation::device_list::NodeDevices;
-use crate::allocation::device_list::settings::DeviceListArgs;
-use crate::allocation::executor::disk::{DiskError, execute_plan, probe_host};
+use crate::allocation::plan::device_list::settings::DeviceListArgs;
+use crate::allocation::plan::device_list::{DeviceListSettings, NodeDevices};
+use crate::allocation::plan::pod::annotation;
 use crate::allocation::plan::{AllocationPlan, AllocationSettings, PlanError, plan_pod};
+use crate::allocation::shell::executor::disk::{
+    DiskError, execute_plan, probe_host, sweep_containers_dir,
+};
+use crate::allocation::shell::host_checks::{HostCheckError, device_list_settings};
 use crate::gpu::inventory::{FileInventory, GpuInventory, InventoryError};
+use crate::settings::{AllocationInputs, PluginSettings, PluginSettingsError};
 
-/// `plan` flags.
-#[derive(Debug, Clone, Args)]
+/// What `plan` is asked (its flags, as the command line parsed them).
+#[derive(Debug, Clone)]
 pub struct PlanArgs {
     /// The pod, YAML or JSON (`kubectl get pod NAME -o yaml`).
-    #[arg(long, value_name = "FILE")]
     pub pod: PathBuf,
     /// The node the pod is bound to (selects the node's entry of the node config).
     /// Required (flag or `HAMI_NODE_NAME`).
-    #[arg(long, env = names::ENV_HAMI_NODE_NAME, value_name = "NODE")]
     pub node: Option<String>,
     /// Global HAMi device config (`device-config.yaml`, `nvidia:` section).
-    #[arg(long = "config", env = names::ENV_HAMI_DEVICE_CONFIG, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Per-node config (`config.json` with `nodeconfig: [...]`).
-    #[arg(long = "node-config", env = names::ENV_HAMI_NODE_CONFIG, value_name = "FILE")]
     pub node_config: Option<PathBuf>,
     /// HAMi-core's install directory (`<DIR>/vgpu/containers/...`).
-    #[arg(long = "hook-path", env = names::ENV_HAMI_HOOK_PATH, default_value = hami_shared::names::DEFAULT_HOOK_PATH, value_name = "DIR")]
     pub hook_path: PathBuf,
     /// YAML list of GPUs instead of NVML (read only when a device list setting needs the
     /// node's GPUs: DEVICE_ID_STRATEGY=index, PASS_DEVICE_SPECS=true).
-    #[arg(long, env = names::ENV_HAMI_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
     /// Also create the directories and publish the limits files, as `run` would.
-    #[arg(long)]
     pub write: bool,
     /// How containers learn their devices, as for `run`.
-    #[command(flatten)]
     pub device_list: DeviceListArgs,
     /// The namespaces exempt from parts of the spec checks, as for `run`.
-    #[command(flatten)]
-    pub guard: crate::allocation::spec_guard::GuardArgs,
+    pub guard: crate::allocation::plan::spec_guard::GuardArgs,
 }
 
 /// What `plan` prints.
@@ -86,9 +80,12 @@ pub enum DryRunError {
         /// What is wrong.
         message: String,
     },
-    /// Configuration.
+    /// The device config or the node config cannot be used, exactly as `run` would refuse it.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Settings(#[from] PluginSettingsError),
+    /// The device list settings cannot be used on this host.
+    #[error(transparent)]
+    HostCheck(#[from] HostCheckError),
     /// The pod cannot be planned.
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -176,22 +173,28 @@ pub fn run_plan(
         .filter(|n| !n.is_empty())
         .ok_or(DryRunError::MissingNode)?;
     let pod = read_pod(&args.pod)?;
-    let mut settings = load_allocation_settings(
+    // The one way `run` builds its settings too: the same loader, checks and constructor.
+    let plugin = PluginSettings::load(
         args.config.as_deref(),
         args.node_config.as_deref(),
-        &node,
-        &args.hook_path,
+        Some(&node),
         env,
     )?;
     let (device_list, device_list_notes) = device_list_settings(&args.device_list)?;
-    settings.device_list = device_list;
-    args.guard.apply(&mut settings.guard);
-    if settings.device_list.needs_node_devices() {
-        settings.node_devices = node_devices(args, &settings)?;
-    }
+    let node_devices = if device_list.needs_node_devices() {
+        node_devices(args, &device_list)?
+    } else {
+        NodeDevices::default()
+    };
+    let settings = plugin.allocation_settings(AllocationInputs {
+        hook_path: args.hook_path.clone(),
+        device_list,
+        node_devices,
+        guard: args.guard.clone(),
+    })?;
     let entry_note = check_entry(args, &pod, &settings)?;
     // HAMi-core as `Allocate` finds it (ours `libvgpu.so`, else HAMi's `libvgpu.so.<version>`).
-    let hook = crate::allocation::hook::HookFolder::read(&settings.vgpu_dir());
+    let hook = crate::allocation::shell::hook::HookFolder::read(&settings.vgpu_dir());
     // As `Allocate` answers on this machine now: the host's optional device nodes and license.
     let host = probe_host(&settings.license_path());
     let vgpu_dir = settings.vgpu_dir();
@@ -219,10 +222,7 @@ pub fn run_plan(
     let mut removed_temporaries = 0;
     if args.write {
         // As `run` does at start: an interrupted `plan --write` may have left temporaries.
-        let dir = settings.containers_dir();
-        if dir.is_dir() {
-            removed_temporaries = hami_shared::sweep_temp_files(&dir)?;
-        }
+        removed_temporaries = sweep_containers_dir(&settings)?;
         for plan in &containers {
             let w = execute_plan(plan)?;
             written.extend(w.dir);
@@ -248,12 +248,9 @@ fn check_entry(
     pod: &Pod,
     settings: &AllocationSettings,
 ) -> Result<Option<String>, DryRunError> {
-    use crate::allocation::codec::PodDevices;
-    use crate::allocation::entry_check::{NodeCapacity, check_pod};
-    let Some(value) = crate::allocation::pod_lookup::pod::annotation(
-        pod,
-        names::ANNOTATION_VGPU_DEVICES_TO_ALLOCATE,
-    ) else {
+    use crate::allocation::plan::codec::PodDevices;
+    use crate::allocation::plan::entry_check::{NodeCapacity, check_pod};
+    let Some(value) = annotation(pod, names::ANNOTATION_VGPU_DEVICES_TO_ALLOCATE) else {
         return Ok(None);
     };
     let Some(path) = &args.inventory else {
@@ -286,10 +283,10 @@ fn check_entry(
 /// The node's GPUs from `--inventory`, else NVML, as `run` reads them.
 fn node_devices(
     args: &PlanArgs,
-    settings: &AllocationSettings,
+    device_list: &DeviceListSettings,
 ) -> Result<NodeDevices, DryRunError> {
-    let needed_by = if settings.device_list.id_strategy
-        == crate::allocation::device_list::DeviceIdStrategy::Index
+    let needed_by = if device_list.id_strategy
+        == crate::allocation::plan::device_list::DeviceIdStrategy::Index
     {
         "DEVICE_ID_STRATEGY=index"
     } else {

@@ -12,7 +12,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use clap::Args;
 use hami_shared::region::container_dirs;
 
 use crate::regions::observe::hami_owner;
@@ -20,21 +19,17 @@ use crate::regions::{
     ExportSettings, Folder, FolderSource, LimitsAt, Owner, PidView, RegionExporter,
 };
 
-/// `regions` flags.
-#[derive(Debug, Clone, Args)]
+/// What `regions` is asked (its flags, as the command line parsed them).
+#[derive(Debug, Clone)]
 pub struct RegionsArgs {
     /// The hook path whose `vgpu/containers` folders are read (HOOK as for `run`).
-    #[arg(long, env = "HAMI_HOOK_PATH", default_value = "/usr/local")]
     pub hook_path: PathBuf,
     /// The `node` label of the samples.
-    #[arg(long, default_value = "")]
     pub node: String,
     /// A PodList (`kubectl get pods -o json`) naming the folders' pods by UID.
-    #[arg(long)]
     pub pods: Option<PathBuf>,
     /// Whose PIDs a slot's host PID is checked against: `host` (this shell's `/proc`, for a shell
     /// on the node) or `none` (no `stale` verdict).
-    #[arg(long, value_enum, default_value_t = PidView::Host)]
     pub pids: PidView,
 }
 

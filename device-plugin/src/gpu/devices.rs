@@ -2,8 +2,6 @@
 //! `deviceSplitCount` shares `<uuid>-0 … <uuid>-(n-1)`, or (static MIG) each MIG device once,
 //! under its own UUID; with their health and NUMA node. [`advertise`] is the decision: which
 //! device goes under which resource for the `MIG_STRATEGY`, which is left out and why.
-//!
-//! Length: about 490 lines of code and 145 of unit tests.
 
 use serde::Serialize;
 

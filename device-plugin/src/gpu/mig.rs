@@ -4,7 +4,7 @@
 //! numbers give (go-nvlib's `MigProfileInfo.String`, which HAMi's plugin uses).
 //!
 //! Dynamic MIG (HAMi's `operatingmode: mig`, slices created on demand) is not supported: it is
-//! refused at start by [`crate::allocation::config`].
+//! refused at start by [`crate::settings::PluginSettings::allocation_settings`].
 
 use std::fmt;
 
@@ -18,6 +18,43 @@ pub const SINGLE_RESOURCE: &str = hami_shared::names::RESOURCE_GPU;
 
 /// Environment name of `--mig-strategy` (HAMi's `cmd/device-plugin/nvidia/main.go`).
 pub const ENV_MIG_STRATEGY: &str = "MIG_STRATEGY";
+
+/// What a MIG strategy or profile written by a person or listed by NVML is not.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MigError {
+    /// `MIG_STRATEGY` is not one of HAMi's strategies.
+    #[error("{ENV_MIG_STRATEGY} (--mig-strategy) {0:?} is not one of: {accepted}", accepted = MigStrategy::ACCEPTED)]
+    Strategy(String),
+    /// Not a MIG profile.
+    #[error("{0:?}: {PROFILE_FORMS}")]
+    Profile(String),
+    /// A profile with an attribute go-nvlib does not write.
+    #[error(
+        "{profile:?}: attribute {attribute:?} is not one of +me, +me.all, +gfx, -me ({PROFILE_FORMS})"
+    )]
+    Attribute {
+        /// The profile.
+        profile: String,
+        /// Its attribute suffix.
+        attribute: String,
+    },
+    /// A slice whose compute instance does not span its GPU instance, under `mixed`.
+    #[error(
+        "MIG profile {profile} has {compute} compute slices of {gpu} GPU slices: with MIG_STRATEGY=mixed only slices whose compute instance spans the whole GPU instance are advertised (HAMi refuses the node too); recreate the slice with one compute instance, or use MIG_STRATEGY=single"
+    )]
+    PartialCompute {
+        /// The profile.
+        profile: String,
+        /// Its compute slices.
+        compute: u32,
+        /// Its GPU slices.
+        gpu: u32,
+    },
+}
+
+/// The profiles a [`MigError`] names as accepted.
+const PROFILE_FORMS: &str =
+    "expected a MIG profile like 1g.10gb, 3g.40gb, 1c.2g.20gb or 1g.10gb+me";
 
 /// How MIG devices are advertised (HAMi v2.10 `rm/device_map.go` `buildDeviceMapFromConfigResources`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,18 +93,15 @@ impl fmt::Display for MigStrategy {
 }
 
 impl std::str::FromStr for MigStrategy {
-    type Err = String;
+    type Err = MigError;
 
     /// Case-sensitive, as HAMi's `switch *config.Flags.MigStrategy`.
-    fn from_str(value: &str) -> Result<Self, String> {
+    fn from_str(value: &str) -> Result<Self, MigError> {
         match value {
             "none" => Ok(Self::None),
             "single" => Ok(Self::Single),
             "mixed" => Ok(Self::Mixed),
-            other => Err(format!(
-                "{ENV_MIG_STRATEGY} (--mig-strategy) {other:?} is not one of: {}",
-                Self::ACCEPTED
-            )),
+            other => Err(MigError::Strategy(other.to_owned())),
         }
     }
 }
@@ -106,9 +140,8 @@ impl MigProfile {
     }
 
     /// Parses a profile; the error says what is wrong and what would be accepted.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let accepted = "expected a MIG profile like 1g.10gb, 3g.40gb, 1c.2g.20gb or 1g.10gb+me";
-        let bad = || format!("{text:?}: {accepted}");
+    pub fn parse(text: &str) -> Result<Self, MigError> {
+        let bad = || MigError::Profile(text.to_owned());
         let (base, suffix) = match text.find(['+', '-']) {
             Some(at) => text.split_at(at),
             None => (text, ""),
@@ -117,9 +150,10 @@ impl MigProfile {
             let attrs = &suffix[1..];
             let known = !attrs.is_empty() && attrs.split(',').all(|a| ATTRIBUTES.contains(&a));
             if !known {
-                return Err(format!(
-                    "{text:?}: attribute {suffix:?} is not one of +me, +me.all, +gfx, -me ({accepted})"
-                ));
+                return Err(MigError::Attribute {
+                    profile: text.to_owned(),
+                    attribute: suffix.to_owned(),
+                });
             }
         }
         let parts: Vec<&str> = base.split('.').collect();
@@ -150,12 +184,13 @@ impl MigProfile {
     /// `nvidia.com/mig-<profile>` with `+` written `.` (HAMi's `rm.AddDefaultResourcesToConfig`).
     /// Only profiles whose compute and GPU slices agree get a resource there; a slice of any
     /// other profile makes HAMi refuse to start ("does not match any resource patterns").
-    pub fn mixed_resource_name(&self) -> Result<String, String> {
+    pub fn mixed_resource_name(&self) -> Result<String, MigError> {
         if self.compute_slices != self.gpu_slices {
-            return Err(format!(
-                "MIG profile {self} has {} compute slices of {} GPU slices: with MIG_STRATEGY=mixed only slices whose compute instance spans the whole GPU instance are advertised (HAMi refuses the node too); recreate the slice with one compute instance, or use MIG_STRATEGY=single",
-                self.compute_slices, self.gpu_slices
-            ));
+            return Err(MigError::PartialCompute {
+                profile: self.to_string(),
+                compute: self.compute_slices,
+                gpu: self.gpu_slices,
+            });
         }
         Ok(format!(
             "{NVIDIA_DOMAIN}/mig-{}",
@@ -304,7 +339,7 @@ mod tests {
         assert_eq!("single".parse(), Ok(MigStrategy::Single));
         assert_eq!("mixed".parse(), Ok(MigStrategy::Mixed));
         assert_eq!(MigStrategy::default(), MigStrategy::None);
-        let err = "Mixed".parse::<MigStrategy>().unwrap_err();
+        let err = "Mixed".parse::<MigStrategy>().unwrap_err().to_string();
         assert_eq!(
             err,
             "MIG_STRATEGY (--mig-strategy) \"Mixed\" is not one of: none, single, mixed"
@@ -349,7 +384,8 @@ mod tests {
         let err = MigProfile::parse("1c.2g.20gb")
             .unwrap()
             .mixed_resource_name()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("1c.2g.20gb") && err.contains("MIG_STRATEGY=single"),
             "{err}"
@@ -364,7 +400,7 @@ mod tests {
             "1g.10gb+",
             "1x.1g.5gb",
         ] {
-            let err = MigProfile::parse(bad).unwrap_err();
+            let err = MigProfile::parse(bad).unwrap_err().to_string();
             assert!(
                 err.contains("expected a MIG profile like 1g.10gb"),
                 "{bad}: {err}"

@@ -280,23 +280,31 @@ pub fn spawn_health_updates(
 /// reaches every resource with a device on it.
 pub fn spawn_health_updates_all(
     states: Vec<Arc<SharedState>>,
-    mut events: tokio::sync::mpsc::UnboundedReceiver<crate::gpu::inventory::HealthEvent>,
+    events: tokio::sync::mpsc::UnboundedReceiver<crate::gpu::inventory::HealthEvent>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        while let Some(event) = events.recv().await {
-            let mut changed = false;
-            for state in &states {
-                changed |= state.set_health(&event.uuid, event.healthy);
-            }
-            if changed {
-                if event.healthy {
-                    tracing::info!(gpu = %event.uuid, reason = %event.reason, "GPU healthy again");
-                } else {
-                    tracing::warn!(gpu = %event.uuid, reason = %event.reason, "GPU unhealthy");
-                }
+    tokio::spawn(health_updates(states, events))
+}
+
+/// What [`spawn_health_updates_all`] runs: applies each health event to every resource with a
+/// device on that GPU, until the watch's sender is dropped. Dropping this future closes the
+/// channel, which stops the watch (it checks for a closed channel).
+pub async fn health_updates(
+    states: Vec<Arc<SharedState>>,
+    mut events: tokio::sync::mpsc::UnboundedReceiver<crate::gpu::inventory::HealthEvent>,
+) {
+    while let Some(event) = events.recv().await {
+        let mut changed = false;
+        for state in &states {
+            changed |= state.set_health(&event.uuid, event.healthy);
+        }
+        if changed {
+            if event.healthy {
+                tracing::info!(gpu = %event.uuid, reason = %event.reason, "GPU healthy again");
+            } else {
+                tracing::warn!(gpu = %event.uuid, reason = %event.reason, "GPU unhealthy");
             }
         }
-    })
+    }
 }
 
 /// The gRPC service of one bound socket. `stop` ends its `ListAndWatch` streams, so that a

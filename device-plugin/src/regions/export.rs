@@ -66,7 +66,7 @@ pub trait FolderSource: Send + Sync {
 }
 
 /// Whose PIDs a slot's `hostpid` can be checked against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PidView {
     /// Not checked (the default: the plugin does not share the node's PID namespace, so it
     /// cannot tell; no `stale` verdict).
@@ -545,35 +545,23 @@ impl Collector for RegionCollector {
     }
 }
 
-/// The region exporter's flags (`run` and `serve-preload`).
-#[derive(Debug, Clone, clap::Args)]
+/// `--region-interval` is not a number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("--region-interval={0}: not a number of seconds (0 turns the exporter off)")]
+pub struct RegionIntervalError(pub f64);
+
+/// The region exporter's settings as `run` and `serve-preload` are given them.
+#[derive(Debug, Clone)]
 pub struct RegionArgs {
     /// Seconds between two scans of the node's container regions (every folder); 0 turns the
     /// region exporter off.
-    #[arg(
-        long = "region-interval",
-        default_value_t = 30.0,
-        value_name = "SECONDS"
-    )]
     pub interval: f64,
     /// The most container folders one scrape reads (when the last scan is over 5 s old).
-    #[arg(long = "region-scrape-files", default_value_t = 32, value_name = "N")]
     pub scrape_files: usize,
     /// The most milliseconds one scrape spends reading regions.
-    #[arg(
-        long = "region-scrape-budget-ms",
-        default_value_t = 500,
-        value_name = "MS"
-    )]
     pub scrape_budget_ms: u64,
     /// Whose PIDs a region's slots are checked against for the `stale` verdict: `none`, or
     /// `host` (`/proc/<hostpid>`; only with `hostPID: true`).
-    #[arg(
-        long = "region-pids",
-        value_enum,
-        default_value = "none",
-        value_name = "VIEW"
-    )]
     pub pids: PidView,
 }
 
@@ -582,16 +570,12 @@ impl RegionArgs {
     ///
     /// # Errors
     /// An interval that is negative or not a number.
-    pub fn settings(&self) -> Result<Option<ExportSettings>, String> {
+    pub fn settings(&self) -> Result<Option<ExportSettings>, RegionIntervalError> {
         if self.interval == 0.0 {
             return Ok(None);
         }
-        let interval = Duration::try_from_secs_f64(self.interval).map_err(|_| {
-            format!(
-                "--region-interval={}: not a number of seconds (0 turns the exporter off)",
-                self.interval
-            )
-        })?;
+        let interval = Duration::try_from_secs_f64(self.interval)
+            .map_err(|_| RegionIntervalError(self.interval))?;
         Ok(Some(ExportSettings {
             interval,
             scrape_files: self.scrape_files,

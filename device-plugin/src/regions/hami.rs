@@ -12,7 +12,7 @@ use hami_shared::region::container_dirs;
 
 use super::export::{Folder, FolderSource, LimitsAt};
 use super::observe::{Owner, hami_owner};
-use crate::allocation::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::cache::PodCache;
 
 /// `<HOOK>/vgpu/containers` and the pod cache.
 #[derive(Debug)]

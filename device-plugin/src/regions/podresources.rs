@@ -66,21 +66,57 @@ use super::slot_id::slot_order;
 pub async fn list(
     socket: &Path,
     timeout: Duration,
-) -> Result<v1::ListPodResourcesResponse, String> {
+) -> Result<v1::ListPodResourcesResponse, PodResourcesError> {
+    let at = || socket.to_path_buf();
     let call = async {
         let channel = crate::kubelet::api::connect_unix(socket)
             .await
-            .map_err(|e| format!("cannot connect to {}: {e}", socket.display()))?;
+            .map_err(|source| PodResourcesError::Connect {
+                socket: at(),
+                source,
+            })?;
         v1::pod_resources_lister_client::PodResourcesListerClient::new(channel)
             .list(v1::ListPodResourcesRequest {})
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|e| format!("{}: List: {e}", socket.display()))
+            .map_err(|source| PodResourcesError::List {
+                socket: at(),
+                source,
+            })
     };
-    tokio::time::timeout(timeout, call).await.map_err(|_| {
-        format!(
-            "{}: List did not answer within {timeout:?}",
-            socket.display()
-        )
-    })?
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| PodResourcesError::Timeout {
+            socket: at(),
+            timeout,
+        })?
+}
+
+/// Why kubelet's pod resources could not be listed; each names the socket.
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    /// The socket cannot be reached.
+    #[error("cannot connect to {}: {source}", socket.display())]
+    Connect {
+        /// kubelet's socket.
+        socket: std::path::PathBuf,
+        /// Why.
+        source: tonic::transport::Error,
+    },
+    /// `List` failed.
+    #[error("{}: List: {source}", socket.display())]
+    List {
+        /// kubelet's socket.
+        socket: std::path::PathBuf,
+        /// What kubelet answered.
+        source: tonic::Status,
+    },
+    /// `List` did not answer in time.
+    #[error("{}: List did not answer within {timeout:?}", socket.display())]
+    Timeout {
+        /// kubelet's socket.
+        socket: std::path::PathBuf,
+        /// The time allowed.
+        timeout: Duration,
+    },
 }

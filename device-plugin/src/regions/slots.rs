@@ -24,7 +24,7 @@ use super::export::{Folder, FolderSource, LimitsAt};
 use super::observe::Owner;
 use super::podresources;
 use super::slot_id::is_slot;
-use crate::allocation::executor::no_follow::{
+use crate::allocation::shell::executor::no_follow::{
     NoFollowError, create_dir_at, create_new_file_at, open_dir, own_and_chmod, remove_entry_at,
 };
 
@@ -168,19 +168,46 @@ impl SlotFolders {
     }
 }
 
+/// Why the KAI pods' limits files could not be read from the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeLimitsError {
+    /// The list did not answer in time.
+    #[error("listing the pods of node {node} took over {timeout:?}")]
+    Timeout {
+        /// The node.
+        node: String,
+        /// The time allowed.
+        timeout: Duration,
+    },
+    /// The list failed.
+    #[error("cannot list the pods of node {node}: {source}")]
+    List {
+        /// The node.
+        node: String,
+        /// Why.
+        source: kube::Error,
+    },
+}
+
 /// The limits files of the pods on `node`: their `limits.hami.io/<container>` annotations.
 async fn node_limits(
     client: &kube::Client,
     node: &str,
     timeout: Duration,
-) -> Result<BTreeMap<(String, String, String), String>, String> {
+) -> Result<BTreeMap<(String, String, String), String>, NodeLimitsError> {
     use k8s_openapi::api::core::v1::Pod;
     let api: kube::Api<Pod> = kube::Api::all(client.clone());
     let params = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
     let pods = tokio::time::timeout(timeout, api.list_metadata(&params))
         .await
-        .map_err(|_| format!("listing the pods of node {node} took over {timeout:?}"))?
-        .map_err(|e| format!("cannot list the pods of node {node}: {e}"))?;
+        .map_err(|_| NodeLimitsError::Timeout {
+            node: node.to_owned(),
+            timeout,
+        })?
+        .map_err(|source| NodeLimitsError::List {
+            node: node.to_owned(),
+            source,
+        })?;
     let mut out = BTreeMap::new();
     for pod in pods {
         let m = &pod.metadata;

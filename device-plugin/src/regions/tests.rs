@@ -17,7 +17,7 @@ use super::observe::{EventKey, FolderRead, Owner, REASON_MISMATCH, REASON_UNCAPP
 use super::podresources::{slot_owners, v1};
 use super::slots::{SlotFolders, prepare_slot};
 use super::{RegionExporter, hami};
-use crate::allocation::pod_lookup::cache::PodCache;
+use crate::allocation::shell::pod_lookup::cache::PodCache;
 
 const MIB: u64 = 1 << 20;
 const UID_A: &str = "0b6c2d6e-0000-4000-8000-00000000000a";

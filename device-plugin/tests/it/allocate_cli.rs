@@ -187,6 +187,63 @@ fn write_publishes_the_files_as_run_would() {
     }
 }
 
+/// `plan` builds its settings as `run` and `inventory` do (one loader, one set of checks): a
+/// device config `run` refuses is refused by `plan` with the same message and exit status,
+/// never planned. (`plan` used to skip the plugin's own checks and print an allocation for a
+/// `resourceCountName` that `run` refuses.)
+#[test]
+fn plan_refuses_the_device_config_run_refuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let config = dir.join("device-config.yaml");
+    let node_config = dir.join("config.json");
+    for (global, node, key) in [
+        (
+            "nvidia:\n  resourceCountName: gpu\n",
+            r#"{"nodeconfig":[]}"#,
+            "nvidia.resourceCountName: invalid value \"gpu\"",
+        ),
+        (
+            "nvidia: {}\n",
+            r#"{"nodeconfig":[{"name":"gpu-0","devicesplitcount":0}]}"#,
+            "0",
+        ),
+        (
+            "nvidia:\n  deviceSplitCount: 0\n",
+            r#"{"nodeconfig":[]}"#,
+            "deviceSplitCount: invalid value 0",
+        ),
+    ] {
+        std::fs::write(&config, global).unwrap();
+        std::fs::write(&node_config, node).unwrap();
+        let files = [
+            "--config",
+            &config.display().to_string(),
+            "--node-config",
+            &node_config.display().to_string(),
+        ]
+        .map(str::to_owned);
+        let files: Vec<&str> = files.iter().map(String::as_str).collect();
+        let planned = plan(dir, &files);
+        // `inventory` loads its settings through `run`'s loader.
+        let inventory = Command::new(env!("CARGO_BIN_EXE_hami-device-plugin"))
+            .args(["inventory", "--node-name", "gpu-0"])
+            .args(&files)
+            .output()
+            .unwrap();
+        for (command, out) in [("plan", &planned), ("inventory", &inventory)] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{command}: {err}");
+            assert!(err.contains(key), "{command}: {err}");
+            assert!(out.stdout.is_empty(), "{command} printed a result");
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&planned.stderr),
+            String::from_utf8_lossy(&inventory.stderr)
+        );
+    }
+}
+
 #[test]
 fn dynamic_mig_and_malformed_annotations_are_refused() {
     let tmp = tempfile::tempdir().unwrap();

@@ -1,18 +1,18 @@
 //! Table tests of `Allocate`'s own checks, whether or not the webhook saw the pod: the GPU
-//! container's spec (`allocation::spec_guard`, through the plan) and the scheduler's entry against
-//! the node (`allocation::entry_check`), and which `GetPreferredAllocation` answers count as
+//! container's spec (`allocation::plan::spec_guard`, through the plan) and the scheduler's entry against
+//! the node (`allocation::plan::entry_check`), and which `GetPreferredAllocation` answers count as
 //! steered (`kubelet::service`).
 
 use std::path::Path;
 
-use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
-use hami_device_plugin::allocation::entry_check::{
+use hami_device_plugin::allocation::plan::codec::{ContainerDevice, PodDevices};
+use hami_device_plugin::allocation::plan::entry_check::{
     EntryError, NodeCapacity, check_kubelet_ids, check_pod,
 };
+use hami_device_plugin::allocation::plan::spec_guard::{SpecRefusal, is_system_owned};
 use hami_device_plugin::allocation::plan::{
     AllocationPlan, AllocationSettings, PlanError, plan_container,
 };
-use hami_device_plugin::allocation::spec_guard::{SpecRefusal, is_system_owned};
 use hami_device_plugin::gpu::devices::DeviceTable;
 use hami_device_plugin::gpu::inventory::Gpu;
 use hami_device_plugin::kubelet::api::v1beta1;

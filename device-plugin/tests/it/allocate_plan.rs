@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hami_device_plugin::allocation::codec::{ContainerDevice, ContainerSlot, PodDevices};
+use hami_device_plugin::allocation::plan::codec::{ContainerDevice, ContainerSlot, PodDevices};
 use hami_device_plugin::allocation::plan::{
     AllocationPlan, AllocationSettings, AllocationWarning, PlanError, PlannedMount, plan_container,
     plan_pod,

@@ -7,9 +7,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hami_device_plugin::allocation::codec::ContainerDevice;
-use hami_device_plugin::allocation::device_list::settings::DeviceListArgs;
-use hami_device_plugin::allocation::device_list::{ImexChannel, NodeDevices};
+use hami_device_plugin::allocation::plan::codec::ContainerDevice;
+use hami_device_plugin::allocation::plan::device_list::settings::DeviceListArgs;
+use hami_device_plugin::allocation::plan::device_list::{ImexChannel, NodeDevices};
 use hami_device_plugin::allocation::plan::{
     AllocationSettings, HostProbe, PlanError, plan_container,
 };

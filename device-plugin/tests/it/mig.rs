@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use hami_device_plugin::allocation::mig::{MigAllocate, mig_container_response};
+use hami_device_plugin::allocation::shell::mig::{MigAllocate, mig_container_response};
 use hami_device_plugin::gpu::devices::{AdvertiseSettings, Advertised, advertise};
 use hami_device_plugin::gpu::inventory::{DeviceFilter, parse_inventory};
 use hami_device_plugin::gpu::mig::MigStrategy;
@@ -537,7 +537,7 @@ fn the_inventory_command_reports_every_resource_per_strategy() {
 /// (`nvmlMigDevice.GetPaths`).
 #[test]
 fn mig_answers_follow_the_device_list_settings() {
-    use hami_device_plugin::allocation::device_list::{
+    use hami_device_plugin::allocation::plan::device_list::{
         DeviceIdStrategy, DeviceListSettings, DeviceListStrategies, DeviceListStrategy, NodeDevices,
     };
     use std::collections::BTreeSet;

@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use hami_device_plugin::allocation::codec::ContainerDevice;
-use hami_device_plugin::allocation::executor::execute_plan;
+use hami_device_plugin::allocation::plan::codec::ContainerDevice;
 use hami_device_plugin::allocation::plan::{AllocationPlan, AllocationSettings, plan_container};
+use hami_device_plugin::allocation::shell::executor::execute_plan;
 use hami_shared::values::LimitDelivery;
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;

@@ -222,7 +222,7 @@ proptest! {
     }
 }
 
-/// The cases the issue names, with the figures they must give: a 0.5 container on a 141 GiB card
+/// The cases the preload library must get right, with the figures they must give: a 0.5 container on a 141 GiB card
 /// (143,771 MiB as NVML reports an H200) and on an 80 GiB card, several visible GPUs, missing and
 /// malformed node files, a spoofed environment.
 #[test]

@@ -2,7 +2,7 @@
 //! HAMi, and a defaulted, scheduled GPU Pod — recorded in `tests/fixtures/` — plus generators that
 //! vary them (GPU model, memory, count, zone, instance type) for scale tests.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
@@ -93,12 +93,12 @@ pub const ZONES: &[(&str, &str)] = &[
 ];
 
 fn template(
-    cell: &'static OnceLock<Result<Value, String>>,
+    cell: &'static OnceLock<Result<Value, Arc<serde_json::Error>>>,
     name: &'static str,
     text: &str,
 ) -> Result<Value, ApiServerError> {
     let parsed = cell.get_or_init(|| {
-        let mut v: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let mut v: Value = serde_json::from_str(text).map_err(Arc::new)?;
         // Server-owned fields are set when the object is stored.
         if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
             for k in ["uid", "resourceVersion", "creationTimestamp"] {
@@ -109,7 +109,7 @@ fn template(
     });
     parsed
         .clone()
-        .map_err(|message| ApiServerError::Fixture { name, message })
+        .map_err(|source| ApiServerError::Fixture { name, source })
 }
 
 /// The model and zone the generator gives node number `index`.
@@ -134,7 +134,7 @@ fn hex_uuid(seed: usize, gpu: u32) -> String {
 
 /// The node fixture renamed and varied for node number `index` (model, zone, address), as JSON.
 pub fn gpu_node_json(name: &str, index: usize) -> Result<Value, ApiServerError> {
-    static CELL: OnceLock<Result<Value, String>> = OnceLock::new();
+    static CELL: OnceLock<Result<Value, Arc<serde_json::Error>>> = OnceLock::new();
     let mut v = template(&CELL, "gpu-node.json", GPU_NODE_JSON)?;
     let (model, zone) = node_profile(index);
     let ip = format!(
@@ -284,7 +284,7 @@ pub fn gpu_pod_json(
     name: &str,
     node: Option<&str>,
 ) -> Result<Value, ApiServerError> {
-    static CELL: OnceLock<Result<Value, String>> = OnceLock::new();
+    static CELL: OnceLock<Result<Value, Arc<serde_json::Error>>> = OnceLock::new();
     let mut v = template(&CELL, "gpu-pod.json", GPU_POD_JSON)?;
     v["metadata"]["name"] = json!(name);
     v["metadata"]["namespace"] = json!(namespace);

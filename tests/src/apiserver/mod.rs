@@ -95,12 +95,12 @@ pub enum ApiServerError {
         source: serde_json::Error,
     },
     /// A fixture could not be read.
-    #[error("fixture {name}: {message}")]
+    #[error("fixture {name}: {source}")]
     Fixture {
         /// Fixture file name.
         name: &'static str,
-        /// What is wrong.
-        message: String,
+        /// What is wrong (shared: the parse is done once and its outcome kept).
+        source: std::sync::Arc<serde_json::Error>,
     },
 }
 

@@ -11,9 +11,9 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use allocate_support::*;
-use hami_device_plugin::allocation::collector::{Collector, CollectorSettings};
-use hami_device_plugin::allocation::config::load_allocation_settings;
 use hami_device_plugin::allocation::plan::AllocationSettings;
+use hami_device_plugin::allocation::shell::collector::{Collector, CollectorSettings};
+use hami_device_plugin::settings::{AllocationInputs, PluginSettings};
 use hami_shared::values::LimitDelivery;
 use kube::api::DeleteParams;
 use serde_json::json;
@@ -222,7 +222,13 @@ async fn node_config_and_pod_annotation_overrides() {
     .unwrap();
     let (g, n) = (global.clone(), node_config.clone());
     let h = Harness::start_in(dir, move |hook| {
-        load_allocation_settings(Some(&g), Some(&n), NODE, hook, std::env::vars()).unwrap()
+        PluginSettings::load(Some(&g), Some(&n), Some(NODE), std::env::vars())
+            .unwrap()
+            .allocation_settings(AllocationInputs {
+                hook_path: hook.to_path_buf(),
+                ..AllocationInputs::default()
+            })
+            .unwrap()
     })
     .await;
 

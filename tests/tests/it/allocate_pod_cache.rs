@@ -241,7 +241,7 @@ async fn the_pod_the_node_lock_names_comes_first() {
 /// for that pod does not hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_call_leaves_no_claim_behind() {
-    use hami_device_plugin::allocation::executor::Allocator;
+    use hami_device_plugin::allocation::shell::executor::Allocator;
     use hami_device_plugin::gpu::devices::DeviceTable;
     use hami_device_plugin::gpu::inventory::{DeviceFilter, FileInventory, GpuInventory};
     use hami_device_plugin::kubelet::service::AllocateHandler;

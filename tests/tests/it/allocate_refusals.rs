@@ -189,10 +189,11 @@ async fn an_entry_changed_after_steering_is_refused() {
         .await
         .unwrap();
     assert_eq!(preferred, [format!("{GPU_B}-0")]);
-    let forged = hami_device_plugin::allocation::codec::PodDevices::from_containers(&[vec![dev(
-        GPU_A, 3000, 50,
-    )]])
-    .encode();
+    let forged =
+        hami_device_plugin::allocation::plan::codec::PodDevices::from_containers(&[vec![dev(
+            GPU_A, 3000, 50,
+        )]])
+        .encode();
     h.pods()
         .patch(
             "changed",

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use allocate_support::{Ctr, GPU_A, GPU_B, NODE, NS, WAIT, apply_webhook, dev, gpu_pod, uid};
-use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
+use hami_device_plugin::allocation::plan::codec::{ContainerDevice, PodDevices};
 use hami_device_plugin::app::RunOptions;
 use hami_device_plugin::cli::{Cli, Command};
 use hami_shared::region::fixture::{FixtureSlot, RegionFixture};

@@ -376,14 +376,14 @@ fn device_plugin_flags_and_environment() {
     for name in &extra {
         if name != "RUST_LOG" && !all.contains(&format!("`{name}`")) {
             problems.push(format!(
-                "`{name}` (read by hami-device-plugin: device-plugin/src/gpu/nvml.rs, cli.rs) is not in {DOC}, \"hami-device-plugin\""
+                "`{name}` (read by hami-device-plugin: device-plugin/src/gpu/nvml.rs, cli/) is not in {DOC}, \"hami-device-plugin\""
             ));
         }
     }
     problems.extend(check_command_line(
         "hami-device-plugin",
         &hami_device_plugin::cli::Cli::command(),
-        "device-plugin/src/cli.rs and the argument groups it flattens (commands/plan.rs `PlanArgs`, commands/install_hook `InstallHookArgs`, commands/serve_preload `ServePreloadArgs`, commands/regions `RegionsArgs`)",
+        "device-plugin/src/cli/ (mod.rs, and flags.rs: `PlanFlags`, `InstallHookFlags`, `ServePreloadFlags`, `RegionsFlags`, `DeviceListFlags`, `GuardFlags`, `RegionExportFlags`)",
         &tables,
         &extra,
         Some(1),

@@ -145,6 +145,92 @@ fn the_webhook_core_reaches_no_shell_and_no_io() {
     }
 }
 
+/// The device plugin's allocation is split as the webhook's layers are: `allocation/plan` (the
+/// pure decision: plan, device list, codec, spec checks, entry check, the pod's annotations)
+/// below `allocation/shell` (the allocator, pod lookup, hook folder, host checks, collector). The
+/// plan imports only itself, the GPU types and kubelet's messages, and names no I/O.
+#[test]
+fn the_device_plugin_plan_reaches_no_shell_and_no_io() {
+    let src = workspace().join("device-plugin/src");
+    let plugin = crate_graph(&src);
+    let is_plan = |m: &[String]| m.len() >= 2 && m[0] == "allocation" && m[1] == "plan";
+    // The GPU types the plan reads (a GPU, the device table), not their sources; and kubelet's
+    // wire messages its answer is written in, as the webhook's policy writes `wire`.
+    let allowed = |m: &[String]| {
+        is_plan(m)
+            || matches!(
+                (m.first().map(String::as_str), m.get(1).map(String::as_str)),
+                (Some("gpu"), Some("inventory" | "devices")) | (Some("kubelet"), Some("api"))
+            )
+    };
+    let mut checked = 0;
+    for (from, to) in &plugin {
+        if !is_plan(from) {
+            continue;
+        }
+        checked += 1;
+        for target in to {
+            assert!(
+                allowed(target),
+                "device-plugin: {} imports {}: allocation::plan may import only itself and the GPU types (move I/O to allocation::shell)\n\n{}",
+                from.join("::"),
+                target.join("::"),
+                render(&plugin)
+            );
+        }
+    }
+    assert!(checked >= 8, "only {checked} plan modules seen");
+    // The shell is where the plan's callers live: it is not empty, and it imports the plan.
+    assert!(
+        plugin
+            .iter()
+            .any(|(from, to)| from.get(1).is_some_and(|m| m == "shell")
+                && to.iter().any(|t| is_plan(t))),
+        "{}",
+        render(&plugin)
+    );
+    // Flags are parsed in `cli` alone: the code below it takes plain structs.
+    for (from, to) in &plugin {
+        if matches!(
+            from.first().map(String::as_str),
+            Some("allocation" | "commands" | "gpu" | "kubelet" | "regions" | "settings")
+        ) {
+            assert!(
+                !to.iter().any(|t| t.first().is_some_and(|m| m == "cli")),
+                "device-plugin: {} imports the command line; take a plain struct instead",
+                from.join("::")
+            );
+        }
+    }
+    let mut files = Vec::new();
+    hami_tests::module_graph::rust_files(&src.join("allocation/plan"), &mut files);
+    assert!(files.len() >= 8, "{files:?}");
+    for file in &files {
+        let code = hami_tests::module_graph::code_only(&std::fs::read_to_string(file).unwrap());
+        let code = code.split("#[cfg(test)]").next().unwrap_or("");
+        for io in [
+            "std::fs",
+            "std::env",
+            "std::process",
+            "std::net",
+            "std::io::std",
+            "std::os",
+            "tokio",
+            "tonic",
+            "kube::",
+            "clap",
+            "println!",
+            "eprintln!",
+        ] {
+            assert!(
+                !code.contains(io),
+                "{} names {io}: the device plugin's plan does no I/O (move it to device-plugin/src/allocation/shell)",
+                file.display()
+            );
+        }
+    }
+}
+
 #[test]
 fn the_checker_parses_use_trees_and_finds_circles() {
     assert_eq!(

@@ -10,10 +10,10 @@
 //!   anything on 9443/9090), its `/readyz` polled until 200, the `curl` it prints run (when curl is
 //!   installed) and answered with an AdmissionReview, then stopped with SIGTERM: it must exit 0;
 //! - every other command (`scripts/cluster …`, `kubectl …`, the example script) needs root and a
-//!   real node, which `tests/tests/real_node/main.rs` builds (the lead runs it; it is too heavy for this
-//!   test). So that these cannot rot silently, each one must be in [`CLUSTER_COMMANDS`] with the
-//!   file that runs it and what that file must contain; a README command missing from the table,
-//!   or a table entry the README no longer has, fails.
+//!   real node, which `tests/tests/real_node/main.rs` builds (far too heavy for this test). So that
+//!   these cannot rot silently, each one must be in [`CLUSTER_COMMANDS`] with the file that runs
+//!   it and what that file must contain; a README command missing from the table, or a table
+//!   entry the README no longer has, fails.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -2635,7 +2635,7 @@ fn device_plugin_against_the_real_api_server(c: &mut Cluster) {
 /// The HAMi scheduler's annotations for one container on one share of GPU_A (`mib` MiB, `cores`
 /// %) on DP_NODE: the node lock, the device lists, `bind-phase: allocating`.
 fn schedule_as_hami(c: &Cluster, ns: &str, name: &str, mib: u64, cores: u32) {
-    use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
+    use hami_device_plugin::allocation::plan::codec::{ContainerDevice, PodDevices};
     let devices = PodDevices::from_containers(&[vec![ContainerDevice {
         uuid: GPU_A.into(),
         kind: "NVIDIA".into(),

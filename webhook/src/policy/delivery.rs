@@ -43,16 +43,24 @@ pub fn forbidden(namespace: Option<&str>, tenancy: &TenancySettings) -> Option<S
     })
 }
 
+/// A `hami.io/limit-delivery` value that is not one of the accepted forms.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "annotation {ANNOTATION_LIMIT_DELIVERY}={value:?} is not one of: {accepted}",
+    accepted = LimitDelivery::ACCEPTED
+)]
+pub struct DeliveryError {
+    /// The annotation's value.
+    pub value: String,
+}
+
 /// An annotation value parsed, or why it is refused: the one message of a bad value, on CREATE
 /// ([`validate`]) and on UPDATE ([`crate::policy::update`]).
 ///
 /// # Errors
-/// The reason, naming the annotation, the value and the accepted forms.
-pub fn parse(value: &str) -> Result<LimitDelivery, String> {
-    value.parse().map_err(|_| {
-        format!(
-            "annotation {ANNOTATION_LIMIT_DELIVERY}={value:?} is not one of: {}",
-            LimitDelivery::ACCEPTED
-        )
+/// [`DeliveryError`], naming the annotation, the value and the accepted forms.
+pub fn parse(value: &str) -> Result<LimitDelivery, DeliveryError> {
+    value.parse().map_err(|_| DeliveryError {
+        value: value.to_owned(),
     })
 }

@@ -86,7 +86,7 @@ pub fn review(
         && Some(value) != was
     {
         match crate::policy::delivery::parse(value) {
-            Err(reason) => return deny(reason),
+            Err(reason) => return deny(reason.to_string()),
             Ok(LimitDelivery::Env) => {
                 let namespace = request_namespace
                     .filter(|n| !n.is_empty())

@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 
 use crate::policy::settings::{ServerSettings, Settings};
 use crate::shell::dev_mode::dev_certs;
+use crate::shell::error::WebhookError;
 use crate::shell::offline_commands::{CommandOutput, MutateOutput, mutate_command, review_command};
 use crate::shell::server::{CertSource, run};
 use crate::shell::vram::metrics::KaiMetrics;
@@ -121,7 +122,7 @@ pub fn main() -> ExitCode {
     // The process environment is read here, once, for the settings loader.
     let (mut settings, notices) = match Settings::load_from_env(config, std::env::vars()) {
         Ok(s) => s,
-        Err(e) => return fail(&e.to_string()),
+        Err(e) => return fail(&WebhookError::from(e)),
     };
     if let Some(f) = cli.log_format {
         settings.server.log_format = f;
@@ -219,32 +220,35 @@ fn pin_malloc_mmap_threshold() -> Option<std::io::Error> {
 
 /// `review` and `mutate`: a fixed basis (`--per-gpu-vram-mib`, `kai.perGpuVramMib`, `--nodes`)
 /// or none; never a watch.
-fn offline_basis(settings: &Settings, args: &VramArgs) -> Result<VramSource, String> {
-    VramSource::choose(
+fn offline_basis(settings: &Settings, args: &VramArgs) -> crate::Result<VramSource> {
+    Ok(VramSource::choose(
         settings.kai.per_gpu_vram_mib,
         args.nodes.as_deref(),
         false,
         &KaiMetrics::default(),
-    )
+    )?)
 }
 
-fn read_input(file: Option<&PathBuf>) -> Result<Vec<u8>, String> {
+fn read_input(file: Option<&PathBuf>) -> crate::Result<Vec<u8>> {
     match file {
         Some(p) if p.as_os_str() != "-" => {
-            std::fs::read(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+            std::fs::read(p).map_err(|source| WebhookError::ReadInput {
+                path: p.clone(),
+                source,
+            })
         }
         _ => {
             let mut buf = Vec::new();
             std::io::stdin()
                 .read_to_end(&mut buf)
-                .map_err(|e| format!("cannot read stdin: {e}"))?;
+                .map_err(WebhookError::ReadStdin)?;
             Ok(buf)
         }
     }
 }
 
-fn fail(message: &str) -> ExitCode {
-    eprintln!("hami-webhook: {message}");
+fn fail(error: &WebhookError) -> ExitCode {
+    eprintln!("hami-webhook: {error}");
     ExitCode::from(2)
 }
 
@@ -302,7 +306,7 @@ fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
     apply_serve_flags(&args, &mut settings.server);
     let runtime = match runtime(settings.server.worker_threads) {
         Ok(r) => r,
-        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+        Err(e) => return fail(&WebhookError::Runtime(e)),
     };
     // SIGTERM/SIGINT handlers first, before any file, socket or cluster is touched: a signal
     // during start-up then stops the server instead of killing it.
@@ -310,7 +314,7 @@ fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
         let _enter = runtime.enter();
         match hami_ops::shutdown_signal() {
             Ok(s) => s,
-            Err(e) => return fail(&format!("cannot install signal handlers: {e}")),
+            Err(e) => return fail(&WebhookError::Signals(e)),
         }
     };
     // KAI: the per-GPU VRAM basis (kai.perGpuVramMib, --nodes, or the node watch). `serve --dev`
@@ -324,12 +328,12 @@ fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
         &kai_metrics,
     ) {
         Ok(v) => v,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.into()),
     };
     let certs = if args.dev {
         match dev_certs(&settings) {
             Ok(c) => c,
-            Err(e) => return fail(&e),
+            Err(e) => return fail(&e.into()),
         }
     } else {
         CertSource::Files {
@@ -343,11 +347,21 @@ fn serve(args: ServeArgs, mut settings: Settings) -> ExitCode {
         let metrics_listen = settings.server.metrics_listen;
         let listener = match tokio::net::TcpListener::bind(listen).await {
             Ok(l) => l,
-            Err(e) => return fail(&format!("cannot listen on {listen}: {e}")),
+            Err(source) => {
+                return fail(&WebhookError::Listen {
+                    addr: listen,
+                    source,
+                });
+            }
         };
         let ops = match tokio::net::TcpListener::bind(metrics_listen).await {
             Ok(l) => l,
-            Err(e) => return fail(&format!("cannot listen on {metrics_listen}: {e}")),
+            Err(source) => {
+                return fail(&WebhookError::Listen {
+                    addr: metrics_listen,
+                    source,
+                });
+            }
         };
         info!(%listen, %metrics_listen, "hami-webhook serving");
         match run(settings, vram, kai_metrics, listener, ops, certs, shutdown).await {

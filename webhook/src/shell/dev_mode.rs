@@ -4,12 +4,40 @@
 //! `curl` command that uses them printed. Tests take their certificates from here too.
 
 use std::io::Write as _;
+use std::path::PathBuf;
 
 use time::OffsetDateTime;
 
 use crate::policy::settings::Settings;
 use crate::shell::server::CertSource;
 use crate::shell::tls;
+
+/// Why `serve --dev` could not set itself up.
+#[derive(Debug, thiserror::Error)]
+pub enum DevModeError {
+    /// The throwaway CA or certificate could not be made.
+    #[error("cannot make certificates: {0}")]
+    Certificates(#[from] hami_certgen::CertgenError),
+    /// The temporary folder could not be created.
+    #[error("cannot create {}: {source}", path.display())]
+    CreateDir {
+        /// The folder.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The CA or the example review could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The certificate just made could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+}
 
 /// A CA and a serving certificate signed by it, all PEM.
 #[derive(Debug, Clone)]
@@ -45,23 +73,29 @@ pub fn generate_localhost() -> Result<DevCerts, hami_certgen::CertgenError> {
 pub const EXAMPLE_REVIEW: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"00000000-0000-0000-0000-000000000001","kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1","resource":"pods"},"namespace":"default","operation":"CREATE","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"cuda-demo","namespace":"default","annotations":{"hami.io/limit-delivery":"file"}},"spec":{"schedulerName":"default-scheduler","containers":[{"name":"cuda","image":"nvidia/cuda:12.4.1-base-ubuntu22.04","command":["sleep","infinity"],"resources":{"limits":{"nvidia.com/gpu":"1","nvidia.com/gpumem":"3000","nvidia.com/priority":"0"}}}]}}}}"#;
 
 /// Make the throwaway certificates, write the CA and an example review, and print how to call.
-pub(crate) fn dev_certs(settings: &Settings) -> Result<CertSource, String> {
-    let certs = generate_localhost().map_err(|e| format!("cannot make certificates: {e}"))?;
+pub(crate) fn dev_certs(settings: &Settings) -> crate::Result<CertSource, DevModeError> {
+    let certs = generate_localhost()?;
     let dir = std::env::temp_dir().join(format!("hami-webhook-dev-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(|source| DevModeError::CreateDir {
+        path: dir.clone(),
+        source,
+    })?;
     let ca = dir.join("ca.pem");
     let example = dir.join("review.json");
-    std::fs::write(&ca, &certs.ca_pem)
-        .map_err(|e| format!("cannot write {}: {e}", ca.display()))?;
-    std::fs::write(&example, EXAMPLE_REVIEW)
-        .map_err(|e| format!("cannot write {}: {e}", example.display()))?;
+    let write = |path: &PathBuf, text: &str| {
+        std::fs::write(path, text).map_err(|source| DevModeError::Write {
+            path: path.clone(),
+            source,
+        })
+    };
+    write(&ca, &certs.ca_pem)?;
+    write(&example, EXAMPLE_REVIEW)?;
     let loaded = tls::load_pem(
         certs.cert_pem.as_bytes(),
         certs.key_pem.as_bytes(),
         None,
         None,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let port = settings.server.listen.port();
     let host = if settings.server.listen.ip().is_loopback()
         || settings.server.listen.ip().is_unspecified()

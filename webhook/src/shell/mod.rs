@@ -8,10 +8,12 @@
 //! - [`vram`]: the per-GPU VRAM basis from the cluster's nodes (index, watch, metrics, sources);
 //! - [`offline_commands`]: `review` and `mutate`, as functions over bytes;
 //! - [`pod_manifest`]: a Pod manifest (YAML or JSON) read as `review` reads `request.object`;
-//! - [`dev_mode`]: `serve --dev`'s throwaway certificates and example review.
+//! - [`dev_mode`]: `serve --dev`'s throwaway certificates and example review;
+//! - [`error`]: [`error::WebhookError`], what a command reports when it cannot run.
 
 pub mod app;
 pub mod dev_mode;
+pub mod error;
 pub mod metrics;
 pub mod offline_commands;
 pub mod pod_manifest;

@@ -10,6 +10,20 @@ use crate::policy::settings::Settings;
 use crate::shell::pod_manifest;
 use crate::wire::patch::PatchOp;
 
+/// Why `mutate` could not print the pod or patch it admitted.
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineCommandError {
+    /// The patch could not be encoded as JSON.
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    /// The patch does not apply to the pod it was made for.
+    #[error("the patch does not apply: {0}")]
+    PatchDoesNotApply(#[from] json_patch::PatchError),
+    /// The mutated pod could not be written as YAML.
+    #[error("{0}")]
+    Yaml(#[from] serde_yaml_ng::Error),
+}
+
 /// What a command prints and how it exits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommandOutput {
@@ -92,12 +106,12 @@ pub fn mutate_command(
             let stdout = match output {
                 MutateOutput::Patch => serde_json::to_string_pretty(&patch)
                     .map(|s| s + "\n")
-                    .map_err(|e| e.to_string()),
+                    .map_err(OfflineCommandError::from),
                 MutateOutput::Pod => mutated_pod(manifest.object.clone(), &patch),
             };
             let stdout = match stdout {
                 Ok(s) => s,
-                Err(e) => return fail(e),
+                Err(e) => return fail(e.to_string()),
             };
             CommandOutput {
                 stdout,
@@ -109,12 +123,10 @@ pub fn mutate_command(
 }
 
 /// The pod with `patch` applied, as YAML.
-fn mutated_pod(mut object: Value, patch: &[PatchOp]) -> Result<String, String> {
-    let ops = serde_json::to_value(patch)
-        .and_then(serde_json::from_value::<json_patch::Patch>)
-        .map_err(|e| e.to_string())?;
-    json_patch::patch(&mut object, &ops).map_err(|e| format!("the patch does not apply: {e}"))?;
-    serde_yaml_ng::to_string(&object).map_err(|e| e.to_string())
+fn mutated_pod(mut object: Value, patch: &[PatchOp]) -> crate::Result<String, OfflineCommandError> {
+    let ops = serde_json::to_value(patch).and_then(serde_json::from_value::<json_patch::Patch>)?;
+    json_patch::patch(&mut object, &ops)?;
+    Ok(serde_yaml_ng::to_string(&object)?)
 }
 
 /// What `mutate` prints on stderr for an admitted pod: the warnings, the limits files the

@@ -16,10 +16,85 @@ use hami_shared::names::{self, Program};
 
 use crate::policy::settings::Settings;
 
-/// A settings file or environment value that could not be used.
+/// A settings file, the HAMi device config it names, or an environment value that could not be
+/// used; each message names the file and, where there is one, the key and the value.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SettingsError(pub String);
+pub enum SettingsLoadError {
+    /// The settings file could not be read, or a layered value is not accepted.
+    #[error(transparent)]
+    Config(#[from] hami_shared::config::ConfigError),
+    /// The file's `deviceConfigFile` is not a string.
+    #[error(
+        "{}: deviceConfigFile: {value:?} is not a path (accepted: an absolute or relative file path)",
+        file.display()
+    )]
+    DeviceConfigNotAPath {
+        /// The settings file.
+        file: PathBuf,
+        /// The value found.
+        value: serde_yaml_ng::Value,
+    },
+    /// The file has an `nvidia:` section and names a `deviceConfigFile` as well.
+    #[error(
+        "{}: has both an nvidia: section and deviceConfigFile {}: keep one (the nvidia: section is read from that file)",
+        file.display(),
+        device_file.display()
+    )]
+    TwoNvidiaSections {
+        /// The settings file.
+        file: PathBuf,
+        /// The device config it names.
+        device_file: PathBuf,
+    },
+    /// The device config could not be read.
+    #[error("{}: {source}", file.display())]
+    DeviceConfigRead {
+        /// The settings file.
+        file: PathBuf,
+        /// The read error, naming the device config.
+        source: hami_shared::config::ConfigError,
+    },
+    /// The device config is not YAML.
+    #[error("{} (deviceConfigFile of {}): not YAML: {source}", device_file.display(), file.display())]
+    DeviceConfigNotYaml {
+        /// The settings file.
+        file: PathBuf,
+        /// The device config.
+        device_file: PathBuf,
+        /// The parser's error.
+        source: serde_yaml_ng::Error,
+    },
+    /// The device config has no `nvidia:` mapping.
+    #[error(
+        "{} (deviceConfigFile of {}): has no nvidia: section (a HAMi device-config.yaml has one)",
+        device_file.display(),
+        file.display()
+    )]
+    NoNvidiaSection {
+        /// The settings file.
+        file: PathBuf,
+        /// The device config.
+        device_file: PathBuf,
+    },
+    /// A value of the device config's `nvidia:` section is not accepted.
+    #[error("{} (deviceConfigFile of {}): nvidia: {source}", device_file.display(), file.display())]
+    BadNvidiaSection {
+        /// The settings file.
+        file: PathBuf,
+        /// The device config.
+        device_file: PathBuf,
+        /// The parser's error, naming the key and the value.
+        source: serde_yaml_ng::Error,
+    },
+    /// The settings file with the device config's section put in could not be written out.
+    #[error("{}: {source}", file.display())]
+    Render {
+        /// The settings file.
+        file: PathBuf,
+        /// The encoder's error.
+        source: serde_yaml_ng::Error,
+    },
+}
 
 /// Map the old environment names (the webhook's entries of the shared table,
 /// [`names::deprecated_env`]) and `HAMI_LOG_FORMAT` onto the layered ones (a layered name, when
@@ -68,8 +143,8 @@ fn map_name(env: &mut Vec<(String, String)>, old: &str, new: &str) -> Option<Map
 /// The settings file's text with the `nvidia:` section of its `deviceConfigFile` (a HAMi
 /// `device-config.yaml`) put in, so that the layered loader (and the `HAMI_NVIDIA__*` variables
 /// over it) sees one document. Unchanged when the file names no `deviceConfigFile`.
-fn with_device_config(path: &Path, text: &str) -> Result<String, SettingsError> {
-    let bad = |what: String| SettingsError(format!("{}: {what}", path.display()));
+fn with_device_config(path: &Path, text: &str) -> crate::Result<String, SettingsLoadError> {
+    let file = || path.to_path_buf();
     let Ok(serde_yaml_ng::Value::Mapping(mut doc)) = serde_yaml_ng::from_str(text) else {
         // Not a mapping: the layered loader reports it with its own message.
         return Ok(text.to_owned());
@@ -78,47 +153,52 @@ fn with_device_config(path: &Path, text: &str) -> Result<String, SettingsError> 
         return Ok(text.to_owned());
     };
     let Some(device_file) = device_file.as_str().map(PathBuf::from) else {
-        return Err(bad(format!(
-            "deviceConfigFile: {device_file:?} is not a path (accepted: an absolute or relative file path)"
-        )));
+        return Err(SettingsLoadError::DeviceConfigNotAPath {
+            file: file(),
+            value: device_file.clone(),
+        });
     };
     if doc.contains_key("nvidia") {
-        return Err(bad(format!(
-            "has both an nvidia: section and deviceConfigFile {}: keep one (the nvidia: section is read from that file)",
-            device_file.display()
-        )));
+        return Err(SettingsLoadError::TwoNvidiaSections {
+            file: file(),
+            device_file,
+        });
     }
     let device_text = std::fs::read_to_string(&device_file).map_err(|source| {
-        bad(hami_shared::config::ConfigError::Read {
-            path: device_file.clone(),
+        SettingsLoadError::DeviceConfigRead {
+            file: file(),
+            source: hami_shared::config::ConfigError::Read {
+                path: device_file.clone(),
+                source,
+            },
+        }
+    })?;
+    let device: serde_yaml_ng::Value = serde_yaml_ng::from_str(&device_text).map_err(|source| {
+        SettingsLoadError::DeviceConfigNotYaml {
+            file: file(),
+            device_file: device_file.clone(),
             source,
         }
-        .to_string())
-    })?;
-    let device: serde_yaml_ng::Value = serde_yaml_ng::from_str(&device_text).map_err(|e| {
-        SettingsError(format!(
-            "{} (deviceConfigFile of {}): not YAML: {e}",
-            device_file.display(),
-            path.display()
-        ))
     })?;
     let Some(nvidia) = device.get("nvidia").filter(|v| v.is_mapping()) else {
-        return Err(SettingsError(format!(
-            "{} (deviceConfigFile of {}): has no nvidia: section (a HAMi device-config.yaml has one)",
-            device_file.display(),
-            path.display()
-        )));
+        return Err(SettingsLoadError::NoNvidiaSection {
+            file: file(),
+            device_file,
+        });
     };
     // The section's values are checked here, so that an error names the file they are in.
-    serde_yaml_ng::from_value::<NvidiaAdmission>(nvidia.clone()).map_err(|e| {
-        SettingsError(format!(
-            "{} (deviceConfigFile of {}): nvidia: {e}",
-            device_file.display(),
-            path.display()
-        ))
+    serde_yaml_ng::from_value::<NvidiaAdmission>(nvidia.clone()).map_err(|source| {
+        SettingsLoadError::BadNvidiaSection {
+            file: file(),
+            device_file: device_file.clone(),
+            source,
+        }
     })?;
     doc.insert("nvidia".into(), nvidia.clone());
-    serde_yaml_ng::to_string(&doc).map_err(|e| bad(e.to_string()))
+    serde_yaml_ng::to_string(&doc).map_err(|source| SettingsLoadError::Render {
+        file: file(),
+        source,
+    })
 }
 
 impl Settings {
@@ -131,19 +211,16 @@ impl Settings {
     pub fn load_from_env<I>(
         file: Option<&Path>,
         env: I,
-    ) -> Result<(Self, Vec<String>), SettingsError>
+    ) -> crate::Result<(Self, Vec<String>), SettingsLoadError>
     where
         I: IntoIterator<Item = (String, String)>,
     {
         let text = match file {
             Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
-                SettingsError(
-                    hami_shared::config::ConfigError::Read {
-                        path: path.to_path_buf(),
-                        source,
-                    }
-                    .to_string(),
-                )
+                hami_shared::config::ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
             })?),
             None => None,
         };
@@ -155,8 +232,8 @@ impl Settings {
             .zip(text.as_deref())
             .map(|(path, text)| FileText { path, text });
         let (env, notices) = with_current_names(env);
-        let settings = load_layered_with_schema::<Settings, _>(file, names::CONFIG_ENV_PREFIX, env)
-            .map_err(|e| SettingsError(e.to_string()))?;
+        let settings =
+            load_layered_with_schema::<Settings, _>(file, names::CONFIG_ENV_PREFIX, env)?;
         Ok((settings, notices))
     }
 }

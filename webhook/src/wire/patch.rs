@@ -1,6 +1,6 @@
 //! Building RFC 6902 JSONPatches against the original pod.
-//! (Over 500 lines: 493 of code, the rest the tests of the patch's ordering and budget; the patch
-//! builder's arrays, escaping and byte budget share its private state, so they stay one file.)
+//! The patch builder's arrays, escaping and byte budget share its private state, so they stay one
+//! file with the tests of the patch's ordering and budget.
 //!
 //! Several decision modules may add to the same array (two variables to one container's `env`, a
 //! volume and its mounts). [`PodPatch`] collects the additions and emits them once, at the end, so

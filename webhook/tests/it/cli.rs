@@ -350,8 +350,8 @@ fn review_strips_scheduler_annotations_and_guards_their_updates() {
     assert_eq!(v["response"]["allowed"], true, "{v}");
 }
 
-/// The issue's reproduction, through the binary: a pod with `affinity`, a `hostPath` volume and a
-/// `downwardAPI` volume is mutated, and mutate's own output read back changes nothing.
+/// Through the binary: a pod with `affinity`, a `hostPath` volume and a `downwardAPI` volume is
+/// mutated, and mutate's own output read back changes nothing (a reinvoked webhook must be a no-op).
 #[test]
 fn mutate_reads_affinity_host_path_downward_api_and_its_own_output() {
     let pod = r#"apiVersion: v1

@@ -409,7 +409,7 @@ fn gpu_container_mounts_where_the_device_plugin_mounts_are_denied() {
             )
         );
     }
-    // Above a protected path is refused too (the "at, above or below"), naming it.
+    // A mount above a protected path hides it as surely as one at or below it: refused, naming it.
     assert!(denied(&mount("/etc"), &Settings::default()).contains("(above /etc/ld.so.preload)"));
     // Elsewhere.
     for path in ["/etc/config", "/overrideEnv.d", "/data/overrideEnv"] {

@@ -37,9 +37,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use clap::Args;
 use hami_shared::PublishError;
-use hami_shared::names::{self, DEFAULT_HOOK_PATH, LIBVGPU_SO};
+use hami_shared::names::LIBVGPU_SO;
 use hami_shared::node_gpus::NodeGpusError;
 
 use crate::gpu::inventory::InventoryError;
@@ -62,26 +61,22 @@ pub const DIR_MODE: u32 = 0o755;
 /// How many names of the scanned directory an error lists at most.
 const LISTED_NAMES: usize = 20;
 
-/// `install-hook` flags.
-#[derive(Debug, Clone, Args)]
+/// What `install-hook` is asked (its flags, as the command line parsed them).
+#[derive(Debug, Clone)]
 pub struct InstallHookArgs {
     /// Directory holding HAMi-core's library: exactly one of `libvgpu.so` or
     /// `libvgpu.so.<version>` (HAMi images since v2.5: `/k8s-vgpu/lib/nvidia/libvgpu.so.<version>`).
     /// Symbolic links to a regular file are followed; other files there (HAMi's own
     /// `ld.so.preload`) are ignored.
-    #[arg(long = "hami-core-dir", value_name = "DIR")]
     pub hami_core_dir: PathBuf,
     /// The hami-limits preload library (`libhami_preload.so`), installed as
     /// `HOOK/vgpu/libhami_preload.so`.
-    #[arg(long = "preload", value_name = "FILE")]
     pub preload: PathBuf,
     /// HAMi's hook path on the host, `HOOK` (the same value as `run --hook-path`): an absolute
     /// path without whitespace, `:` or `..`; the files go to `HOOK/vgpu/`.
-    #[arg(long = "hook-path", env = names::ENV_HAMI_HOOK_PATH, default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
     pub hook_path: PathBuf,
     /// YAML list of GPUs (the file `run --inventory` reads) for `HOOK/vgpu/node-gpus`, on a
     /// machine without NVIDIA GPUs; without it the GPUs come from NVML.
-    #[arg(long = "inventory", env = names::ENV_HAMI_INVENTORY, value_name = "FILE")]
     pub inventory: Option<PathBuf>,
 }
 

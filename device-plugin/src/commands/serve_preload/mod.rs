@@ -11,55 +11,40 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Args;
-use hami_shared::names::{self, DEFAULT_HOOK_PATH, PRELOAD_SOCKET, RESOURCE_PRELOAD, VGPU_DIR};
+use hami_shared::names::{self, PRELOAD_SOCKET, RESOURCE_PRELOAD, VGPU_DIR};
 
 use crate::commands::install_hook::{InstallHookError, normalise_hook_path};
-use crate::kubelet::api;
 use crate::kubelet::plugin::{Lifecycle, LifecycleError, serve};
 pub mod plugin;
 
-use plugin::{DEFAULT_SLOTS, HookError, PreloadPlugin, inspect_hook};
+use plugin::{PreloadHookError, PreloadPlugin, inspect_hook};
 
-/// `serve-preload` flags.
-#[derive(Debug, Clone, Args)]
+/// What `serve-preload` is asked (its flags, as the command line parsed them).
+#[derive(Debug, Clone)]
 pub struct ServePreloadArgs {
     /// HAMi's hook path on the host, `HOOK` (the value `install-hook` was given): the files are
     /// mounted from `HOOK/vgpu/`, at the same paths in the container.
-    #[arg(long = "hook-path", env = names::ENV_HAMI_HOOK_PATH, default_value = DEFAULT_HOOK_PATH, value_name = "HOOK")]
     pub hook_path: PathBuf,
     /// kubelet's device-plugin directory.
-    #[arg(long = "kubelet-dir", env = names::ENV_HAMI_KUBELET_DIR, default_value = api::DEFAULT_KUBELET_DIR, value_name = "DIR")]
     pub kubelet_dir: PathBuf,
     /// How many containers of the node may hold `hami.io/preload` at once (1 to 100000).
-    #[arg(long = "slots", default_value_t = DEFAULT_SLOTS, value_parser = clap::value_parser!(u32).range(1..=100_000), value_name = "N")]
     pub slots: u32,
     /// Give each container a region folder (`HOOK/regions/<slot>`, read-write at
     /// `/var/lib/hami-limits/region`) the node can read; `false`: none (the region stays in the
     /// container's `/tmp`, unseen).
-    #[arg(long = "regions", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub regions: bool,
     /// Plain-HTTP address for `/healthz`, `/readyz` and `/metrics` (the regions' metrics); empty
     /// or `off` disables.
-    #[arg(
-        long = "metrics-listen",
-        default_value = "off",
-        value_name = "HOST:PORT"
-    )]
     pub metrics_listen: String,
     /// kubelet's pod resources socket: which container holds which slot.
-    #[arg(long = "pod-resources-socket", default_value = crate::regions::podresources::DEFAULT_SOCKET, value_name = "PATH")]
     pub pod_resources_socket: PathBuf,
     /// Read the KAI containers' limits files from their pods' annotations and raise Events on
     /// them, through the API server (in-cluster service account or `KUBECONFIG`; needs the node
     /// name).
-    #[arg(long = "pod-api", default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub pod_api: bool,
     /// This node (for `--pod-api`).
-    #[arg(long = "node-name", env = names::ENV_HAMI_NODE_NAME, value_name = "NAME")]
     pub node_name: Option<String>,
     /// The region exporter.
-    #[command(flatten)]
     pub region_export: crate::regions::export::RegionArgs,
 }
 
@@ -71,13 +56,25 @@ pub enum ServePreloadError {
     HookPath(#[from] InstallHookError),
     /// The hook folder is not what `install-hook` leaves.
     #[error("the hook folder cannot be handed to containers: {0}")]
-    Hook(#[from] HookError),
+    Hook(#[from] PreloadHookError),
     /// The socket could not be served.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
-    /// The region folders or their exporter cannot be set up.
+    /// The folder of the region folders cannot be made safe.
     #[error("region exporter: {0}")]
-    Regions(String),
+    RegionsDir(crate::allocation::shell::executor::no_follow::NoFollowError),
+    /// `--region-interval` is not usable.
+    #[error("region exporter: {0}")]
+    RegionInterval(#[from] crate::regions::export::RegionIntervalError),
+    /// `--pod-api` without a node name.
+    #[error(
+        "region exporter: --pod-api needs the node name: set {} or --node-name",
+        names::ENV_HAMI_NODE_NAME
+    )]
+    PodApiWithoutNode,
+    /// `--metrics-listen` is not an address, or cannot be bound.
+    #[error("region exporter: {0}")]
+    MetricsListen(#[from] crate::metrics::ListenError),
 }
 
 impl ServePreloadError {
@@ -106,8 +103,7 @@ pub fn preload_plugin(args: &ServePreloadArgs) -> Result<PreloadPlugin, ServePre
     let regions = if args.regions {
         let hook = normalise_hook_path(&args.hook_path)?;
         let dir = hook.join(names::REGIONS_DIR);
-        crate::regions::slots::ensure_regions_dir(&dir)
-            .map_err(|e| ServePreloadError::Regions(e.to_string()))?;
+        crate::regions::slots::ensure_regions_dir(&dir).map_err(ServePreloadError::RegionsDir)?;
         Some(Arc::new(crate::regions::slots::SlotFolders::new(
             dir,
             args.slots,
@@ -161,11 +157,10 @@ async fn start_exporter(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<tokio::task::JoinHandle<std::io::Result<()>>>, ServePreloadError> {
     use crate::regions::{RegionExporter, events};
-    let regions_err = ServePreloadError::Regions;
     let Some(slots) = plugin.regions.clone() else {
         return Ok(None);
     };
-    let Some(settings) = args.region_export.settings().map_err(regions_err)? else {
+    let Some(settings) = args.region_export.settings()? else {
         return Ok(None);
     };
     let pods = if args.pod_api {
@@ -173,12 +168,7 @@ async fn start_exporter(
             .node_name
             .clone()
             .filter(|n| !n.is_empty())
-            .ok_or_else(|| {
-                regions_err(format!(
-                    "--pod-api needs the node name: set {} or --node-name",
-                    names::ENV_HAMI_NODE_NAME
-                ))
-            })?;
+            .ok_or(ServePreloadError::PodApiWithoutNode)?;
         // The exporter is not worth the preload plugin: without a client it runs without the
         // limits files and Events, and says so.
         match kube::Client::try_default().await {
@@ -191,19 +181,24 @@ async fn start_exporter(
     } else {
         None
     };
+    let until = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
     let events = pods.as_ref().map(|(client, node)| {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(events::publish(
-            crate::node_register::recorder(client.clone(), node),
-            rx,
-        ));
+        // The metrics registry keeps the exporter, and so the sender, alive: stop on the signal.
+        let publish = events::publish(crate::node_register::recorder(client.clone(), node), rx);
+        let stopped = until(stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stopped => {}
+                () = publish => {}
+            }
+        });
         tx
     });
     let node = args.node_name.clone().unwrap_or_default();
     let exporter = RegionExporter::new(&node, slots.clone(), settings, events);
-    let until = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = stop.wait_for(|s| *s).await;
-    };
     let socket = args.pod_resources_socket.clone();
     let before = move || {
         let (slots, socket, pods) = (slots.clone(), socket.clone(), pods.clone());
@@ -214,13 +209,10 @@ async fn start_exporter(
         }
     };
     tokio::spawn(Arc::clone(&exporter).run(before, until(stop.clone())));
-    let Some(addr) = crate::metrics::parse_listen(&args.metrics_listen).map_err(regions_err)?
-    else {
+    let Some(addr) = crate::metrics::parse_listen(&args.metrics_listen)? else {
         return Ok(None);
     };
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| regions_err(format!("cannot listen on {addr} (--metrics-listen): {e}")))?;
+    let listener = crate::metrics::bind_listen(addr).await?;
     tracing::info!(%addr, "serving /healthz, /readyz, /metrics");
     let mut registry = exporter.registry();
     hami_ops::register_build_info(

@@ -55,7 +55,7 @@ pub struct HookFiles {
 
 /// Why the hook folder cannot be handed to a container; each names the file.
 #[derive(Debug, thiserror::Error)]
-pub enum HookError {
+pub enum PreloadHookError {
     /// A file the container needs is not there.
     #[error(
         "{path} is missing: the hook folder is not installed (hami-device-plugin install-hook)"
@@ -118,12 +118,12 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 
 /// `path` must exist as a regular file (or, with `dir`, a directory), not a link, writable by its
 /// owner only. `Ok(false)` when it does not exist.
-fn check_entry(path: &Path, dir: bool) -> Result<bool, HookError> {
+fn check_entry(path: &Path, dir: bool) -> Result<bool, PreloadHookError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(source) => {
-            return Err(HookError::Read {
+            return Err(PreloadHookError::Read {
                 path: path.to_path_buf(),
                 source,
             });
@@ -131,14 +131,14 @@ fn check_entry(path: &Path, dir: bool) -> Result<bool, HookError> {
     };
     let right_kind = if dir { meta.is_dir() } else { meta.is_file() };
     if !right_kind {
-        return Err(HookError::NotRegular {
+        return Err(PreloadHookError::NotRegular {
             path: path.to_path_buf(),
             what: kind_of(&meta),
         });
     }
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o022 != 0 {
-        return Err(HookError::Writable {
+        return Err(PreloadHookError::Writable {
             path: path.to_path_buf(),
             mode,
         });
@@ -151,22 +151,22 @@ fn check_entry(path: &Path, dir: bool) -> Result<bool, HookError> {
 /// `ld.so.preload` exactly [`ld_so_preload_contents`] of this folder.
 ///
 /// # Errors
-/// [`HookError`] naming the first file at fault.
-pub fn inspect_hook(vgpu_dir: &Path) -> Result<HookFiles, HookError> {
+/// [`PreloadHookError`] naming the first file at fault.
+pub fn inspect_hook(vgpu_dir: &Path) -> Result<HookFiles, PreloadHookError> {
     if !check_entry(vgpu_dir, true)? {
-        return Err(HookError::Missing {
+        return Err(PreloadHookError::Missing {
             path: vgpu_dir.to_path_buf(),
         });
     }
     for name in [LIBHAMI_PRELOAD_SO, LIBVGPU_SO, LD_SO_PRELOAD_FILE] {
         let path = vgpu_dir.join(name);
         if !check_entry(&path, false)? {
-            return Err(HookError::Missing { path });
+            return Err(PreloadHookError::Missing { path });
         }
     }
     let node_gpus = check_entry(&vgpu_dir.join(NODE_GPUS_FILE), false)?;
     let list = vgpu_dir.join(LD_SO_PRELOAD_FILE);
-    let read = |source| HookError::Read {
+    let read = |source| PreloadHookError::Read {
         path: list.clone(),
         source,
     };
@@ -178,7 +178,7 @@ pub fn inspect_hook(vgpu_dir: &Path) -> Result<HookFiles, HookError> {
         .map_err(read)?;
     let expected = ld_so_preload_contents(vgpu_dir);
     if found != expected {
-        return Err(HookError::WrongPreloadList {
+        return Err(PreloadHookError::WrongPreloadList {
             path: list,
             found,
             expected,

@@ -62,6 +62,116 @@ struct FileMigDevice {
     device_paths: Vec<String>,
 }
 
+/// What is wrong with one GPU entry of an inventory file, and what would be accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuEntryError {
+    /// The UUID's form.
+    #[error("uuid must be 1..={MAX_UUID_LEN} characters of letters, digits, '-', '_', '.'")]
+    Uuid,
+    /// `memoryMib: 0`.
+    #[error(
+        "memoryMib must be a positive number of MiB (leave it out for a GPU that reports no memory)"
+    )]
+    Memory,
+    /// An empty name.
+    #[error("name must not be empty")]
+    Name,
+    /// A negative NUMA node.
+    #[error(
+        "numaNode {0} is not a NUMA node: give 0 or more, or leave it out for a GPU without NUMA affinity"
+    )]
+    NumaNode(i64),
+    /// The UUID of a GPU or MIG device before it.
+    #[error("uuid appears twice")]
+    DuplicateUuid,
+    /// More GPUs than an index can count.
+    #[error("too many GPUs")]
+    TooMany,
+    /// The index of a GPU before it.
+    #[error("index {0} appears twice")]
+    DuplicateIndex(u32),
+    /// A minor beyond `/dev/nvidia254`.
+    #[error(
+        "{from} {minor} is not in 0..={MAX_GPU_MINOR}: give the entry `minor`, the N of its /dev/nvidiaN"
+    )]
+    MinorRange {
+        /// `minor`, or `minor (by default the index)`.
+        from: &'static str,
+        /// The minor.
+        minor: u32,
+    },
+    /// The minor of a GPU before it.
+    #[error("{from} {minor} is also the minor of GPU {other:?}: each GPU has its own /dev/nvidiaN")]
+    DuplicateMinor {
+        /// `minor`, or `minor (by default the index)`.
+        from: &'static str,
+        /// The minor.
+        minor: u32,
+        /// The other GPU.
+        other: String,
+    },
+    /// MIG devices on a GPU not in MIG mode.
+    #[error("migDevices is set but migEnabled is not true: a GPU has MIG devices only in MIG mode")]
+    MigDevicesWithoutMig,
+    /// A link to itself.
+    #[error("links: peer {0:?} is the GPU itself: name another GPU of the file")]
+    LinkToItself(String),
+    /// A link to a GPU not in the file.
+    #[error("links: peer {peer:?} is not a GPU of the file (known: {known})")]
+    UnknownPeer {
+        /// The peer named.
+        peer: String,
+        /// The GPUs of the file.
+        known: String,
+    },
+    /// Two links to one peer.
+    #[error("links: peer {0:?} appears twice")]
+    DuplicatePeer(String),
+    /// More NVLinks than a GPU has.
+    #[error("links: peer {peer:?}: nvlinks {nvlinks} is not in 0..={MAX_NVLINKS}")]
+    NvLinks {
+        /// The peer.
+        peer: String,
+        /// The count given.
+        nvlinks: u32,
+    },
+    /// One of its MIG devices.
+    #[error("migDevices[{position}] ({uuid:?}): {problem}")]
+    MigDevice {
+        /// Position in `migDevices`, from 0.
+        position: usize,
+        /// The UUID as written.
+        uuid: String,
+        /// What is wrong with it.
+        problem: MigEntryError,
+    },
+}
+
+/// What is wrong with one MIG device of a GPU entry.
+#[derive(Debug, thiserror::Error)]
+pub enum MigEntryError {
+    /// The UUID's form.
+    #[error(
+        "uuid must start with MIG- and be at most {MAX_MIG_UUID_LEN} characters of letters, digits, '-', '_', '.', '/'"
+    )]
+    Uuid,
+    /// The UUID of a GPU or MIG device before it.
+    #[error("uuid appears twice")]
+    DuplicateUuid,
+    /// Not a MIG profile.
+    #[error("profile {0}")]
+    Profile(crate::gpu::mig::MigError),
+    /// `memoryMib: 0`.
+    #[error("memoryMib must be a positive number of MiB")]
+    Memory,
+    /// Not `<GPU index>:<MIG slot>`.
+    #[error("index {0:?} must be <GPU index>:<MIG slot>, two decimal numbers")]
+    Index(String),
+    /// A device path outside `/dev`.
+    #[error("devicePaths entry {0:?} must be an absolute path under /dev without '..'")]
+    DevicePath(String),
+}
+
 /// Longest MIG UUID we accept (`MIG-<uuid>`, or the older `MIG-GPU-<uuid>/<gi>/<ci>`).
 const MAX_MIG_UUID_LEN: usize = 80;
 
@@ -71,16 +181,17 @@ fn mig_devices(
     mig_enabled: bool,
     entries: Vec<FileMigDevice>,
     seen: &mut Vec<String>,
-) -> Result<Vec<MigDevice>, String> {
+) -> Result<Vec<MigDevice>, GpuEntryError> {
     if !entries.is_empty() && !mig_enabled {
-        return Err(
-            "migDevices is set but migEnabled is not true: a GPU has MIG devices only in MIG mode"
-                .to_owned(),
-        );
+        return Err(GpuEntryError::MigDevicesWithoutMig);
     }
     let mut out = Vec::with_capacity(entries.len());
     for (j, entry) in entries.into_iter().enumerate() {
-        let at = |message: String| format!("migDevices[{j}] ({:?}): {message}", entry.uuid);
+        let at = |problem: MigEntryError| GpuEntryError::MigDevice {
+            position: j,
+            uuid: entry.uuid.clone(),
+            problem,
+        };
         let uuid_ok = entry.uuid.starts_with("MIG-")
             && entry.uuid.len() <= MAX_MIG_UUID_LEN
             && entry
@@ -88,31 +199,25 @@ fn mig_devices(
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
         if !uuid_ok {
-            return Err(at(format!(
-                "uuid must start with MIG- and be at most {MAX_MIG_UUID_LEN} characters of letters, digits, '-', '_', '.', '/'"
-            )));
+            return Err(at(MigEntryError::Uuid));
         }
         if entry.uuid == gpu_uuid || seen.contains(&entry.uuid) {
-            return Err(at("uuid appears twice".to_owned()));
+            return Err(at(MigEntryError::DuplicateUuid));
         }
         let profile = crate::gpu::mig::MigProfile::parse(&entry.profile)
-            .map_err(|e| at(format!("profile {e}")))?;
+            .map_err(|e| at(MigEntryError::Profile(e)))?;
         if entry.memory_mib == 0 {
-            return Err(at("memoryMib must be a positive number of MiB".to_owned()));
+            return Err(at(MigEntryError::Memory));
         }
         let index = match entry.index {
             Some(index) if is_mig_index(&index) => index,
             Some(index) => {
-                return Err(at(format!(
-                    "index {index:?} must be <GPU index>:<MIG slot>, two decimal numbers"
-                )));
+                return Err(at(MigEntryError::Index(index)));
             }
             None => format!("{gpu_index}:{j}"),
         };
         if let Some(bad) = entry.device_paths.iter().find(|p| !is_dev_path(p)) {
-            return Err(at(format!(
-                "devicePaths entry {bad:?} must be an absolute path under /dev without '..'"
-            )));
+            return Err(at(MigEntryError::DevicePath(bad.clone())));
         }
         seen.push(entry.uuid.clone());
         out.push(MigDevice {
@@ -219,11 +324,11 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
     for (position, entry) in entries.into_iter().enumerate() {
         let uuid = entry.uuid.clone();
         let gpu =
-            inventory_gpu(entry, position, &gpus).map_err(|message| InventoryError::Invalid {
+            inventory_gpu(entry, position, &gpus).map_err(|problem| InventoryError::Invalid {
                 path: path.to_path_buf(),
                 position,
                 uuid,
-                message,
+                problem: Box::new(problem),
             })?;
         gpus.push(gpu);
     }
@@ -233,17 +338,17 @@ pub fn parse_inventory(path: &Path, text: &str) -> Result<Vec<Gpu>, InventoryErr
 
 /// The GPU of one entry (at `position`), checked on its own and against the GPUs before it;
 /// the error says what is wrong.
-fn inventory_gpu(entry: FileGpu, position: usize, earlier: &[Gpu]) -> Result<Gpu, String> {
+fn inventory_gpu(entry: FileGpu, position: usize, earlier: &[Gpu]) -> Result<Gpu, GpuEntryError> {
     check_entry_fields(&entry)?;
     if earlier.iter().any(|g| g.uuid == entry.uuid) {
-        return Err("uuid appears twice".to_owned());
+        return Err(GpuEntryError::DuplicateUuid);
     }
     let (index, minor) = index_and_minor(&entry, position, earlier)?;
     if earlier
         .iter()
         .any(|g| g.mig_devices.iter().any(|m| m.uuid == entry.uuid))
     {
-        return Err("uuid appears twice".to_owned());
+        return Err(GpuEntryError::DuplicateUuid);
     }
     let mut seen: Vec<String> = earlier
         .iter()
@@ -271,7 +376,7 @@ fn inventory_gpu(entry: FileGpu, position: usize, earlier: &[Gpu]) -> Result<Gpu
 
 /// The checks of one entry on its own: the UUID's form, a positive `memoryMib`, a name, a NUMA
 /// node of 0 or more.
-fn check_entry_fields(entry: &FileGpu) -> Result<(), String> {
+fn check_entry_fields(entry: &FileGpu) -> Result<(), GpuEntryError> {
     let uuid_ok = !entry.uuid.is_empty()
         && entry.uuid.len() <= MAX_UUID_LEN
         && entry
@@ -279,24 +384,18 @@ fn check_entry_fields(entry: &FileGpu) -> Result<(), String> {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
     if !uuid_ok {
-        return Err(format!(
-            "uuid must be 1..={MAX_UUID_LEN} characters of letters, digits, '-', '_', '.'"
-        ));
+        return Err(GpuEntryError::Uuid);
     }
     if entry.memory_mib == Some(0) {
-        return Err(
-            "memoryMib must be a positive number of MiB (leave it out for a GPU that reports no memory)".to_owned(),
-        );
+        return Err(GpuEntryError::Memory);
     }
     if entry.name.trim().is_empty() {
-        return Err("name must not be empty".to_owned());
+        return Err(GpuEntryError::Name);
     }
     // kubelet's TopologyManager takes the id as a NUMA node; sysfs' -1 (no affinity) is left out,
     // as the NVML backend leaves it out.
     if let Some(numa) = entry.numa_node.filter(|n| *n < 0) {
-        return Err(format!(
-            "numaNode {numa} is not a NUMA node: give 0 or more, or leave it out for a GPU without NUMA affinity"
-        ));
+        return Err(GpuEntryError::NumaNode(numa));
     }
     Ok(())
 }
@@ -307,28 +406,27 @@ fn index_and_minor(
     entry: &FileGpu,
     position: usize,
     earlier: &[Gpu],
-) -> Result<(u32, u32), String> {
+) -> Result<(u32, u32), GpuEntryError> {
     let index = match entry.index {
         Some(i) => i,
-        None => u32::try_from(position).map_err(|_| "too many GPUs".to_owned())?,
+        None => u32::try_from(position).map_err(|_| GpuEntryError::TooMany)?,
     };
     if earlier.iter().any(|g| g.index == index) {
-        return Err(format!("index {index} appears twice"));
+        return Err(GpuEntryError::DuplicateIndex(index));
     }
     let (minor, from) = match entry.minor {
         Some(m) => (m, "minor"),
         None => (index, "minor (by default the index)"),
     };
     if minor > MAX_GPU_MINOR {
-        return Err(format!(
-            "{from} {minor} is not in 0..={MAX_GPU_MINOR}: give the entry `minor`, the N of its /dev/nvidiaN"
-        ));
+        return Err(GpuEntryError::MinorRange { from, minor });
     }
     if let Some(other) = earlier.iter().find(|g| g.minor == minor) {
-        return Err(format!(
-            "{from} {minor} is also the minor of GPU {:?}: each GPU has its own /dev/nvidiaN",
-            other.uuid
-        ));
+        return Err(GpuEntryError::DuplicateMinor {
+            from,
+            minor,
+            other: other.uuid.clone(),
+        });
     }
     Ok((index, minor))
 }
@@ -346,38 +444,31 @@ pub fn parse_links(path: &Path, text: &str) -> Result<Vec<GpuLinks>, InventoryEr
     let uuids: Vec<String> = entries.iter().map(|e| e.uuid.clone()).collect();
     let mut out = Vec::with_capacity(entries.len());
     for (position, entry) in entries.into_iter().enumerate() {
-        let invalid = |message: String| InventoryError::Invalid {
+        let invalid = |problem: GpuEntryError| InventoryError::Invalid {
             path: path.to_path_buf(),
             position,
             uuid: entry.uuid.clone(),
-            message,
+            problem: Box::new(problem),
         };
         let mut links: Vec<PeerLink> = Vec::with_capacity(entry.links.len());
         for link in &entry.links {
             if link.peer == entry.uuid {
-                return Err(invalid(format!(
-                    "links: peer {:?} is the GPU itself: name another GPU of the file",
-                    link.peer
-                )));
+                return Err(invalid(GpuEntryError::LinkToItself(link.peer.clone())));
             }
             if !uuids.contains(&link.peer) {
-                return Err(invalid(format!(
-                    "links: peer {:?} is not a GPU of the file (known: {})",
-                    link.peer,
-                    uuids.join(", ")
-                )));
+                return Err(invalid(GpuEntryError::UnknownPeer {
+                    peer: link.peer.clone(),
+                    known: uuids.join(", "),
+                }));
             }
             if links.iter().any(|l| l.peer == link.peer) {
-                return Err(invalid(format!(
-                    "links: peer {:?} appears twice",
-                    link.peer
-                )));
+                return Err(invalid(GpuEntryError::DuplicatePeer(link.peer.clone())));
             }
             if link.nvlinks > MAX_NVLINKS {
-                return Err(invalid(format!(
-                    "links: peer {:?}: nvlinks {} is not in 0..={MAX_NVLINKS}",
-                    link.peer, link.nvlinks
-                )));
+                return Err(invalid(GpuEntryError::NvLinks {
+                    peer: link.peer.clone(),
+                    nvlinks: link.nvlinks,
+                }));
             }
             links.push(PeerLink {
                 peer: link.peer.clone(),

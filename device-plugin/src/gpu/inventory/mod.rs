@@ -12,7 +12,7 @@ pub use crate::gpu::health::HealthEvent;
 
 mod file;
 use crate::gpu::topology::GpuLinks;
-pub use file::{FileInventory, parse_inventory, parse_links};
+pub use file::{FileInventory, GpuEntryError, MigEntryError, parse_inventory, parse_links};
 
 /// One physical GPU as the plugin sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,7 +99,7 @@ pub enum InventoryError {
         message: String,
     },
     /// A GPU entry is unusable.
-    #[error("inventory file {path}: GPU #{position} ({uuid:?}): {message}")]
+    #[error("inventory file {path}: GPU #{position} ({uuid:?}): {problem}")]
     Invalid {
         /// The file.
         path: PathBuf,
@@ -108,7 +108,7 @@ pub enum InventoryError {
         /// The UUID as written.
         uuid: String,
         /// What is wrong and what would be accepted.
-        message: String,
+        problem: Box<file::GpuEntryError>,
     },
     /// The backend cannot tell how GPUs are linked (`ENABLE_TOPOLOGY_SCORE`).
     #[error("the {backend} GPU source cannot describe the links between GPUs")]

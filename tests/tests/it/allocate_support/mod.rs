@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hami_device_plugin::allocation::codec::{ContainerDevice, PodDevices};
-use hami_device_plugin::allocation::executor::{Allocator, TimingLog};
 use hami_device_plugin::allocation::plan::AllocationSettings;
-use hami_device_plugin::allocation::pod_lookup::cache::PodCache;
-use hami_device_plugin::allocation::pod_lookup::locator::KubePendingPod;
+use hami_device_plugin::allocation::plan::codec::{ContainerDevice, PodDevices};
+use hami_device_plugin::allocation::shell::executor::{Allocator, TimingLog};
+use hami_device_plugin::allocation::shell::pod_lookup::cache::PodCache;
+use hami_device_plugin::allocation::shell::pod_lookup::locator::KubePendingPod;
 use hami_device_plugin::gpu::devices::DeviceTable;
 use hami_device_plugin::gpu::inventory::{DeviceFilter, FileInventory, GpuInventory};
 use hami_device_plugin::kubelet::api::v1beta1;

@@ -329,7 +329,7 @@ fn rendered_device_and_node_configs_load_with_the_plugins_loaders() {
 /// neither does; a MIG device gets no HAMi-core variable at all.
 #[test]
 fn the_default_log_level_reaches_every_allocation_and_its_limits_file() {
-    use hami_device_plugin::allocation::codec::ContainerDevice;
+    use hami_device_plugin::allocation::plan::codec::ContainerDevice;
     use hami_device_plugin::allocation::plan::{AllocationSettings, plan_container};
     use hami_shared::config::DeviceConfig;
     let settings = |name: &str| {

@@ -1,7 +1,7 @@
 //! KAI's `gpu-memory` and `gpu-fraction` values, parsed strictly and turned into MiB with exact
 //! decimal arithmetic.
-//! (Over 500 lines: 306 of code, the rest the tables of accepted and refused values, kept beside
-//! the parser whose Go/KAI compatibility they pin.)
+//! The tables of accepted and refused values stay beside the parser whose Go/KAI compatibility they
+//! pin.
 //!
 //! Why not `f64`: `0.1 × 16384` in binary floating point is `1638.4000000000001`, harmless, but
 //! `0.7 × 10` is `7.000000000000001` while `0.29 × 100` is `28.999999999999996`, which floors to

@@ -24,9 +24,8 @@
 //!
 //! The minimum GPU memory is then the smallest over the matching nodes (`O(N/64 + matches)`).
 //! Upserting or removing a node costs `O(L)` hash operations for its `L` labels.
-//! The set evaluation is in [`sets`]. (Over 500 lines: the interner, the index and its compiled
-//! lookup share private types, so they stay one file beside the table and equivalence tests that
-//! pin them.)
+//! The set evaluation is in [`sets`]. The interner, the index and its compiled lookup share private
+//! types, so they stay one file beside the table and equivalence tests that pin them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -255,8 +254,8 @@ impl VramIndex {
     /// Read a NodeList (`kubectl get nodes -o json`; a single Node or a plain array also work).
     ///
     /// # Errors
-    /// A message when the JSON or YAML does not hold nodes.
-    pub fn from_node_list(text: &[u8]) -> Result<Self, String> {
+    /// The parser's error when the JSON or YAML does not hold nodes (the caller names the file).
+    pub fn from_node_list(text: &[u8]) -> Result<Self, serde_yaml_ng::Error> {
         #[derive(Deserialize)]
         struct Meta {
             #[serde(default)]
@@ -275,8 +274,7 @@ impl VramIndex {
             One(Item),
             Array(Vec<Item>),
         }
-        let input: Input = serde_yaml_ng::from_slice(text)
-            .map_err(|e| format!("not a NodeList (kubectl get nodes -o json): {e}"))?;
+        let input: Input = serde_yaml_ng::from_slice(text)?;
         let items = match input {
             Input::List { items } | Input::Array(items) => items,
             Input::One(item) => vec![item],

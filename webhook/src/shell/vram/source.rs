@@ -23,6 +23,32 @@ pub struct VramArgs {
     pub nodes: Option<PathBuf>,
 }
 
+/// A per-GPU VRAM value or NodeList file that cannot be the basis.
+#[derive(Debug, thiserror::Error)]
+pub enum VramSourceError {
+    /// `--per-gpu-vram-mib` (or its key) is 0.
+    #[error(
+        "per-GPU VRAM (HAMI_KAI__PER_GPU_VRAM_MIB / --per-gpu-vram-mib / kai.perGpuVramMib) must be a positive number of MiB, not 0"
+    )]
+    ZeroVram,
+    /// The `--nodes` file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    ReadNodes {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The `--nodes` file holds no nodes.
+    #[error("{}: not a NodeList (kubectl get nodes -o json): {source}", path.display())]
+    NotANodeList {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        source: serde_yaml_ng::Error,
+    },
+}
+
 /// Where the basis comes from.
 #[derive(Debug, Clone, Default)]
 pub enum VramSource {
@@ -43,28 +69,31 @@ impl VramSource {
     /// fixed or file basis (the live index sets its own).
     ///
     /// # Errors
-    /// A message naming the flag or file when a value is unusable.
+    /// [`VramSourceError`], naming the flag or file, when a value is unusable.
     pub fn choose(
         per_gpu_vram_mib: Option<u64>,
         nodes: Option<&Path>,
         watch: bool,
         metrics: &KaiMetrics,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, VramSourceError> {
         if let Some(n) = per_gpu_vram_mib {
             if n == 0 {
-                return Err(
-                    "per-GPU VRAM (HAMI_KAI__PER_GPU_VRAM_MIB / --per-gpu-vram-mib / kai.perGpuVramMib) must be a positive number of MiB, not 0"
-                        .to_owned(),
-                );
+                return Err(VramSourceError::ZeroVram);
             }
             metrics.set_basis_mib(n);
             return Ok(Self::Fixed(n));
         }
         if let Some(path) = nodes {
-            let text =
-                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let index =
-                VramIndex::from_node_list(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            let text = std::fs::read(path).map_err(|source| VramSourceError::ReadNodes {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let index = VramIndex::from_node_list(&text).map_err(|source| {
+                VramSourceError::NotANodeList {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
             metrics.synced.set(1);
             metrics.index_changed(&index);
             return Ok(Self::Nodes(Arc::new(index)));
@@ -130,6 +159,6 @@ mod tests {
         assert_eq!(basis(&nodes), Ok(Basis { mib: 100 }));
         assert!(nodes.index_to_watch().is_none());
         let missing = VramSource::choose(None, Some(&dir.path().join("no")), false, &m);
-        assert!(missing.unwrap_err().contains("cannot read"));
+        assert!(missing.unwrap_err().to_string().contains("cannot read"));
     }
 }
