@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{NodeConfigEntry, OperatingMode};
+use hami_config::{NodeConfigEntry, OperatingMode};
 
 use super::device_list::settings::{DeviceListArgs, DeviceListConfigError, ImexRequest};
 use super::device_list::{DeviceListSettings, ImexChannel, under_root};
@@ -21,7 +21,7 @@ use crate::settings::{load_device_config, load_node_config};
 pub enum ConfigError {
     /// A file could not be loaded (the message names the file, key, value and accepted forms).
     #[error(transparent)]
-    Load(#[from] hami_shared::config::ConfigError),
+    Load(#[from] hami_config::ConfigLoadError),
     /// A device list setting is invalid (names the variable, the value, the accepted forms).
     #[error(transparent)]
     DeviceList(#[from] DeviceListConfigError),
@@ -228,7 +228,7 @@ pub fn load_allocation_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hami_shared::config::{DeviceConfig, FileText, NvidiaConfig};
+    use hami_config::{DeviceConfig, FileText, NvidiaConfig};
     use hami_shared::values::LimitDelivery;
 
     /// The allocation settings from the global `nvidia:` section and the node's entry.

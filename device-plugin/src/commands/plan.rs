@@ -108,7 +108,7 @@ pub enum DryRunError {
     },
     /// Leftover temporaries of an earlier `--write` could not be swept.
     #[error(transparent)]
-    Sweep(#[from] hami_shared::PublishError),
+    Sweep(#[from] hami_publish::PublishError),
 }
 
 /// The largest pod file `plan` reads: well above the API server's 3 MiB request limit.
@@ -221,7 +221,7 @@ pub fn run_plan(
         // As `run` does at start: an interrupted `plan --write` may have left temporaries.
         let dir = settings.containers_dir();
         if dir.is_dir() {
-            removed_temporaries = hami_shared::sweep_temp_files(&dir)?;
+            removed_temporaries = hami_publish::sweep_temp_files(&dir)?;
         }
         for plan in &containers {
             let w = execute_plan(plan)?;

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{FileText, NvidiaAdmission, load_layered_with_schema};
+use hami_config::{FileText, NvidiaAdmission, load_layered_with_schema};
 use hami_shared::names::{self, Program};
 
 use crate::policy::settings::Settings;
@@ -89,7 +89,7 @@ fn with_device_config(path: &Path, text: &str) -> Result<String, SettingsError> 
         )));
     }
     let device_text = std::fs::read_to_string(&device_file).map_err(|source| {
-        bad(hami_shared::config::ConfigError::Read {
+        bad(hami_config::ConfigLoadError::Read {
             path: device_file.clone(),
             source,
         }
@@ -138,7 +138,7 @@ impl Settings {
         let text = match file {
             Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
                 SettingsError(
-                    hami_shared::config::ConfigError::Read {
+                    hami_config::ConfigLoadError::Read {
                         path: path.to_path_buf(),
                         source,
                     }

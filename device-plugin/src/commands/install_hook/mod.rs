@@ -38,7 +38,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use hami_shared::PublishError;
+use hami_publish::PublishError;
 use hami_shared::names::{self, DEFAULT_HOOK_PATH, LIBVGPU_SO};
 use hami_shared::node_gpus::NodeGpusError;
 
