@@ -1,5 +1,5 @@
 //! The layering engine: built-in defaults < a file < `<PREFIX>_*` environment variables, merged as
-//! JSON values and deserialized once ([`super::de`]). The layers are kept apart so that an error
+//! JSON values and deserialized once (`de.rs`). The layers are kept apart so that an error
 //! names the layer a bad value came from: the file, or the variable.
 //!
 //! Pure: the file arrives as text ([`FileText`]) and the environment as name/value pairs; the
