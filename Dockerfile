@@ -52,22 +52,26 @@ FROM ${RUST_IMAGE} AS skeleton
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY shared/Cargo.toml shared/
+COPY config/Cargo.toml config/
+COPY publish/Cargo.toml publish/
+COPY preload-reference/Cargo.toml preload-reference/
 COPY ops/Cargo.toml ops/
-COPY inspect/Cargo.toml inspect/
+COPY limits/Cargo.toml limits/
 COPY preload/Cargo.toml preload/build.rs preload/
 COPY preload-core/Cargo.toml preload-core/
 COPY webhook/Cargo.toml webhook/
 COPY device-plugin/Cargo.toml device-plugin/build.rs device-plugin/
 COPY device-plugin/proto device-plugin/proto
 COPY tests/Cargo.toml tests/
-COPY certs/Cargo.toml certs/
+COPY certgen/Cargo.toml certgen/
 RUN set -eu; \
-    for lib in shared/src/lib.rs ops/src/lib.rs preload/src/lib.rs preload-core/src/lib.rs webhook/src/lib.rs \
-               device-plugin/src/lib.rs tests/src/lib.rs certs/src/lib.rs; do \
+    for lib in shared/src/lib.rs config/src/lib.rs publish/src/lib.rs preload-reference/src/lib.rs \
+               ops/src/lib.rs preload/src/lib.rs preload-core/src/lib.rs webhook/src/lib.rs \
+               device-plugin/src/lib.rs tests/src/lib.rs certgen/src/lib.rs; do \
         mkdir -p "$(dirname "$lib")"; : > "$lib"; \
     done; \
-    for main in inspect/src/main.rs preload/src/bin/probe.rs webhook/src/main.rs \
-                device-plugin/src/main.rs certs/src/main.rs \
+    for main in limits/src/main.rs preload/src/bin/probe.rs webhook/src/main.rs \
+                device-plugin/src/main.rs certgen/src/main.rs \
                 webhook/benches/decide.rs webhook/benches/kai_vram_index.rs webhook/benches/affinity_cost.rs \
                 bench/allocate/bench.rs tests/tests/real_cluster/main.rs tests/tests/real_node/main.rs; do \
         mkdir -p "$(dirname "$main")"; echo 'fn main() {}' > "$main"; \
@@ -91,7 +95,8 @@ ARG SOURCE_DATE_EPOCH=0
 # The copied sources may be older than the stand-ins' build: touch them, so that cargo rebuilds
 # every workspace crate from the real sources (dependencies stay as built above).
 RUN set -eu; \
-    find shared ops inspect preload preload-core webhook device-plugin tests certs bench -name '*.rs' -exec touch {} +; \
+    find shared config publish preload-reference ops limits preload preload-core webhook device-plugin \
+         tests certgen bench -name '*.rs' -exec touch {} +; \
     cargo build --release --locked \
         -p hami-webhook --bin hami-webhook \
         -p hami-device-plugin --bin hami-device-plugin \

@@ -196,7 +196,7 @@ fn disk_probe(dir: &std::path::Path, n: usize, width: usize) -> String {
     let mut seq = Vec::with_capacity(n);
     for i in 0..n {
         let t = Instant::now();
-        hami_shared::publish::publish_atomic(&probe, &format!("seq-{i}.limits"), text).unwrap();
+        hami_publish::publish_atomic(&probe, &format!("seq-{i}.limits"), text).unwrap();
         seq.push(t.elapsed());
     }
     let mut con = Vec::with_capacity(n);
@@ -206,12 +206,8 @@ fn disk_probe(dir: &std::path::Path, n: usize, width: usize) -> String {
                 let probe = probe.clone();
                 std::thread::spawn(move || {
                     let t = Instant::now();
-                    hami_shared::publish::publish_atomic(
-                        &probe,
-                        &format!("con-{round}-{k}.limits"),
-                        text,
-                    )
-                    .unwrap();
+                    hami_publish::publish_atomic(&probe, &format!("con-{round}-{k}.limits"), text)
+                        .unwrap();
                     t.elapsed()
                 })
             })

@@ -1,5 +1,5 @@
 //! The plugin's resolved settings for this node: the global device config's `nvidia:` section
-//! (`hami_shared::config::DeviceConfig`, layered defaults < file < `HAMI_NVIDIA__*` env) with
+//! (`hami_config::DeviceConfig`, layered defaults < file < `HAMI_NVIDIA__*` env) with
 //! the node's `nodeconfig` entry (`NodeConfigFile`, matched on the node name) applied over it.
 //! The environment's pairs are given by the composition root (`crate::app`, `main.rs`), which
 //! alone reads the process environment.
@@ -11,8 +11,8 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{
-    ConfigError, DeviceConfig, FileText, NodeConfigEntry, NodeConfigFile, NvidiaConfig,
+use hami_config::{
+    ConfigLoadError, DeviceConfig, FileText, NodeConfigEntry, NodeConfigFile, NvidiaConfig,
     OperatingMode,
 };
 
@@ -23,8 +23,8 @@ use crate::gpu::inventory::DeviceFilter;
 use crate::node_register::Scaling;
 
 /// Reads a configuration file (the contract crate parses text and does no I/O).
-pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
-    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+pub fn read_config_file(path: &Path) -> Result<String, ConfigLoadError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigLoadError::Read {
         path: path.to_path_buf(),
         source,
     })
@@ -34,7 +34,7 @@ pub fn read_config_file(path: &Path) -> Result<String, ConfigError> {
 pub fn load_device_config(
     config: Option<&Path>,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<DeviceConfig, ConfigError> {
+) -> Result<DeviceConfig, ConfigLoadError> {
     let text = config.map(read_config_file).transpose()?;
     let file = config
         .zip(text.as_deref())
@@ -43,7 +43,7 @@ pub fn load_device_config(
 }
 
 /// The per-node config file.
-pub fn load_node_config(path: &Path) -> Result<NodeConfigFile, ConfigError> {
+pub fn load_node_config(path: &Path) -> Result<NodeConfigFile, ConfigLoadError> {
     let text = read_config_file(path)?;
     NodeConfigFile::parse(FileText { path, text: &text })
 }
@@ -114,7 +114,7 @@ impl Default for PluginSettings {
 pub enum PluginSettingsError {
     /// The device config or the node config cannot be read or parsed.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] ConfigLoadError),
     /// A value is valid for HAMi's loader but unusable for the plugin.
     #[error("{origin}: {key}: invalid value {value}: {reason}")]
     Invalid {

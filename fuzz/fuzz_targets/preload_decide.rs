@@ -5,7 +5,8 @@
 #![no_main]
 
 use hami_shared::hami_core::{KeyKind, interpret_memory, key_kind};
-use hami_shared::preload::{Decision, decide, is_contract_variable, is_exported_key};
+use hami_preload_reference::{Decision, decide};
+use hami_shared::preload::{is_contract_variable, is_exported_key};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,5 +1,5 @@
 //! The preload library's own decision (`hami_preload_core`, no `std`, the code the shipped
-//! `libhami_preload.so` runs) against the reference (`hami_shared::preload`, over the contract's
+//! `libhami_preload.so` runs) against the reference (`hami_preload_reference`, over the contract's
 //! parsers): the same bytes must give the same decision (untouched and why, or skipped lines and
 //! the per-node outcome) and the same environment.
 //!
@@ -9,10 +9,9 @@
 //! separated by 0xff bytes (names by 0xfe).
 #![no_main]
 
-#[path = "../../shared/tests/it/library_env.rs"]
-mod library_env;
 
-use hami_shared::preload::{Kept, NodeView, VisibleGpus};
+use hami_preload_reference::library_env;
+use hami_preload_reference::{Kept, NodeView, VisibleGpus};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,7 +1,7 @@
 //! The decision, in two pure steps around the library's I/O:
 //!
 //! 1. [`read_limits`]: the limits file's first bytes → the entries to export, or why the
-//!    environment stays untouched. Same rules as `hami_shared::preload` (the reference): the file
+//!    environment stays untouched. Same rules as `hami_preload_reference` (the reference): the file
 //!    counts only when it holds a memory limit HAMi-core reads as a limit; the later of two entries
 //!    with one key wins; a memory entry that reads as "no limit" is skipped; a truncated read drops
 //!    the cut last line.

@@ -8,7 +8,7 @@
 //! - [`lines`], [`keys`]: the `KEY=VALUE` line grammar and which keys are exported.
 //! - [`decide`]: the decision: the limits file, then the per-node cap of a `gpu-fraction` container.
 //!
-//! `hami_shared::preload` holds the reference decision, written with `std` over the contract's
+//! `hami_preload_reference` holds the reference decision, written with `std` over the contract's
 //! own parser; the `preload_differential` fuzz target feeds both the same bytes and compares the
 //! environments they produce.
 #![no_std]

@@ -610,7 +610,7 @@ impl Line {
     }
 }
 
-/// The opt-in diagnostic: the same line as `hami_shared::preload::Decision::summary`.
+/// The opt-in diagnostic: the same line as `hami_preload_reference::Decision::summary`.
 fn report(outcome: &Result<(Limits, Option<PerNode>), Untouched>, removed: usize) {
     let mut l = Line {
         buf: [0; 256],

@@ -51,6 +51,9 @@ pub fn is_uuid(s: &str) -> bool {
         })
 }
 
+/// What [`ContainerKey::new`] returns.
+pub type Result<T, E = ContainerKeyError> = std::result::Result<T, E>;
+
 /// Why a pod UID and container name cannot name a container's files.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ContainerKeyError {
@@ -80,7 +83,7 @@ pub struct ContainerKey {
 
 impl ContainerKey {
     /// Validate both parts.
-    pub fn new(pod_uid: &str, container: &str) -> Result<Self, ContainerKeyError> {
+    pub fn new(pod_uid: &str, container: &str) -> Result<Self> {
         if !is_uuid(pod_uid) {
             return Err(ContainerKeyError::PodUid {
                 uid: pod_uid.to_owned(),

@@ -5,11 +5,18 @@
 //!   [`values::resolve_limit_delivery`].
 //! - [`limits_file`]: the `/overrideEnv` file: strict render, tolerant parse with diagnostics.
 //! - [`hami_core`]: how HAMi-core really reads memory and SM values, with warnings.
-//! - [`publish`]: atomic publication of a file into a directory, and the leftover sweep.
 //! - [`node_gpus`]: the node GPU file (minor number, UUID, MiB of each GPU of a node).
 //! - [`region`]: HAMi-core's shared region (`usage.cache`): the limits in force, its processes,
 //!   and the verdict (is the cap in force?).
-//! - [`config`]: layered configuration and HAMi-compatible device/node config files.
+//! - [`preload`]: the preload library's part of the contract: the variables it owns, the keys it
+//!   exports, the bounds of its reads, the variables a pod may not set.
+//! - [`container`], [`mountpath`], [`manifest`]: the per-container key, mount paths as the
+//!   runtime cleans them, the nesting guard for pod files.
+//!
+//! Types and pure functions: the one exception is [`region`]'s bounded, link-refusing read of the
+//! files a tenant's processes write (`usage.cache`, and a limits file beside it), kept with the
+//! parser it feeds, so that every caller reads them the same way. Writing files is
+//! `hami-publish`'s; configuration files and `HAMI_*` variables are `hami-config`'s.
 //!
 //! ```
 //! use hami_shared::limits_file::{LimitsFile, parse};
@@ -29,7 +36,6 @@
 //! ```
 #![forbid(unsafe_code)]
 
-pub mod config;
 pub mod container;
 pub mod hami_core;
 pub mod limits_file;
@@ -38,12 +44,10 @@ pub mod mountpath;
 pub mod names;
 pub mod node_gpus;
 pub mod preload;
-pub mod publish;
 pub mod region;
 pub mod values;
 
 pub use limits_file::{Diagnostic, LimitsFile, LimitsFileError, ParsedLimitsFile, Severity, parse};
-pub use publish::{PublishError, publish_atomic, sweep_temp_files};
 pub use values::{
     CorePolicy, DeliverySource, LimitDelivery, MemoryLimitMib, ResolvedDelivery, SmLimit,
     TaskPriority, ValueError, resolve_limit_delivery,

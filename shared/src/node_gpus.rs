@@ -48,6 +48,9 @@ pub struct NodeGpu {
     pub memory_mib: u64,
 }
 
+/// What the writer of this module returns.
+pub type Result<T, E = NodeGpusError> = std::result::Result<T, E>;
+
 /// Why a GPU cannot be written into the file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NodeGpusError {
@@ -146,7 +149,7 @@ impl NodeGpus {
     ///
     /// # Errors
     /// [`NodeGpusError`] for a value the file cannot hold or a second GPU with the same minor.
-    pub fn insert(&mut self, gpu: NodeGpu) -> Result<(), NodeGpusError> {
+    pub fn insert(&mut self, gpu: NodeGpu) -> Result<()> {
         if gpu.minor > MAX_GPU_MINOR {
             return Err(NodeGpusError::Minor {
                 uuid: gpu.uuid,

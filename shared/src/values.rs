@@ -9,6 +9,9 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// What the constructors of this module return.
+pub type Result<T, E = ValueError> = std::result::Result<T, E>;
+
 /// A value that is not one of the accepted forms. The message names the value and what is accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ValueError {
@@ -75,7 +78,7 @@ impl MemoryLimitMib {
     pub const MAX: u64 = u64::MAX >> 20;
 
     /// A limit of `mib` MiB; 0 (no limit for HAMi-core) and values overflowing bytes are refused.
-    pub fn new(mib: u64) -> Result<Self, ValueError> {
+    pub fn new(mib: u64) -> Result<Self> {
         if mib > Self::MAX {
             return Err(ValueError::MemoryTooLarge {
                 mib,
@@ -142,7 +145,7 @@ impl SmLimit {
     pub const UNLIMITED: SmLimit = SmLimit(0);
 
     /// A limit of `percent`; values above 100 are refused.
-    pub fn new(percent: u32) -> Result<Self, ValueError> {
+    pub fn new(percent: u32) -> Result<Self> {
         u8::try_from(percent)
             .ok()
             .filter(|p| *p <= 100)

@@ -105,7 +105,7 @@ pub enum DryRunError {
     },
     /// Leftover temporaries of an earlier `--write` could not be swept.
     #[error(transparent)]
-    Sweep(#[from] hami_shared::PublishError),
+    Sweep(#[from] hami_publish::PublishError),
 }
 
 /// The largest pod file `plan` reads: well above the API server's 3 MiB request limit.

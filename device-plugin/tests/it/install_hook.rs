@@ -14,7 +14,7 @@ use hami_device_plugin::commands::install_hook::{
 };
 use hami_device_plugin::gpu::inventory::{Gpu, GpuInventory, parse_inventory};
 use hami_device_plugin::gpu::nvml::NvmlInventory;
-use hami_shared::publish::PUBLISHED_MODE;
+use hami_publish::PUBLISHED_MODE;
 
 /// Bytes that pass for a shared object: the ELF magic, then `tag`.
 fn elf(tag: &str) -> Vec<u8> {

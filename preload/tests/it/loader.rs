@@ -632,13 +632,13 @@ fn the_per_node_step_says_what_it_did_when_asked() {
          per-node cap 71885 MiB (smallest of 1 visible GPU(s): 143771 MiB) (/overrideEnv)\n"
     );
     // The same line as the reference decision's summary, over the same inputs.
-    let mut visible = hami_shared::preload::VisibleGpus::new();
+    let mut visible = hami_preload_reference::VisibleGpus::new();
     visible.add(3);
-    let reference = hami_shared::preload::decide_on_node(
+    let reference = hami_preload_reference::decide_on_node(
         KAI_FRACTION_FILE.as_bytes(),
         false,
         Vec::<std::ffi::OsString>::new(),
-        &hami_shared::preload::NodeView {
+        &hami_preload_reference::NodeView {
             node_file: Ok(NODE_80_141.as_bytes()),
             devices: Ok(visible),
         },

@@ -6,6 +6,7 @@
 use std::fmt;
 
 use crate::hami_core::{self, KeyKind};
+use crate::limits_file::Result;
 use crate::limits_file::project_keys::project_value_problem;
 use crate::names::{
     ENV_HAMI_GPU_FRACTION, ENV_HAMI_LIMITS_FORMAT, ENV_HAMI_NODE_GPUS, LIMITS_FORMAT_VERSION,
@@ -80,7 +81,7 @@ pub(crate) fn unread_index_reason() -> String {
 }
 
 /// A project key's value in the form the webhook writes, or the refusal naming key and value.
-fn project_value(key: &str, value: &str) -> Result<String, LimitsFileError> {
+fn project_value(key: &str, value: &str) -> Result<String> {
     match project_value_problem(key, value) {
         None => Ok(value.to_owned()),
         Some(reason) => Err(LimitsFileError::UnsafeValue {
@@ -101,7 +102,7 @@ impl GpuFraction {
     ///
     /// # Errors
     /// [`LimitsFileError::UnsafeValue`] naming `HAMI_GPU_FRACTION` for any other spelling.
-    pub fn new(text: &str) -> Result<Self, LimitsFileError> {
+    pub fn new(text: &str) -> Result<Self> {
         project_value(ENV_HAMI_GPU_FRACTION, text).map(Self)
     }
 
@@ -135,7 +136,7 @@ impl NodeGpusPath {
     ///
     /// # Errors
     /// [`LimitsFileError::UnsafeValue`] naming `HAMI_NODE_GPUS` for any other path.
-    pub fn new(path: &str) -> Result<Self, LimitsFileError> {
+    pub fn new(path: &str) -> Result<Self> {
         project_value(ENV_HAMI_NODE_GPUS, path).map(Self)
     }
 
@@ -201,7 +202,7 @@ impl Value {
     /// # Errors
     /// [`LimitsFileError::InvalidValue`], [`LimitsFileError::ReservedKey`] or
     /// [`LimitsFileError::UnsafeValue`], naming the key and the value.
-    pub fn parse(key: &str, text: String) -> Result<Self, LimitsFileError> {
+    pub fn parse(key: &str, text: String) -> Result<Self> {
         let what = if text.contains('\n') {
             Some("a newline")
         } else if text.contains('\r') {

@@ -5,6 +5,7 @@ use std::fmt;
 use std::fmt::Write as _;
 
 use crate::hami_core::{self, KeyKind};
+use crate::limits_file::Result;
 use crate::limits_file::entry::{
     GpuFraction, LimitsFileError, MAX_LINE_BYTES, NodeGpusPath, Value, is_valid_key,
     unread_index_reason,
@@ -45,9 +46,7 @@ impl LimitsFile {
     }
 
     /// Build from entries as text (a parsed file); the first refused entry is the error.
-    pub fn from_entries<K, V>(
-        entries: impl IntoIterator<Item = (K, V)>,
-    ) -> Result<Self, LimitsFileError>
+    pub fn from_entries<K, V>(entries: impl IntoIterator<Item = (K, V)>) -> Result<Self>
     where
         K: Into<String>,
         V: Into<String>,
@@ -68,7 +67,7 @@ impl LimitsFile {
         &mut self,
         key: impl Into<String>,
         text: impl Into<String>,
-    ) -> Result<Option<Value>, LimitsFileError> {
+    ) -> Result<Option<Value>> {
         let key = key.into();
         if !is_valid_key(&key) {
             return Err(LimitsFileError::InvalidKey { key });
@@ -90,11 +89,7 @@ impl LimitsFile {
     ///
     /// # Errors
     /// [`LimitsFileError::UnsafeValue`] for an index HAMi-core never reads (above 15).
-    pub fn set_memory_limit(
-        &mut self,
-        index: usize,
-        limit: MemoryLimitMib,
-    ) -> Result<(), LimitsFileError> {
+    pub fn set_memory_limit(&mut self, index: usize, limit: MemoryLimitMib) -> Result<()> {
         let key = memory_limit_env(index);
         if !matches!(hami_core::key_kind(&key), KeyKind::Memory(Some(_))) {
             return Err(LimitsFileError::UnsafeValue {
@@ -133,7 +128,7 @@ impl LimitsFile {
     ///
     /// # Errors
     /// [`LimitsFileError::UnsafeValue`] for a level above 4, which HAMi-core does not know.
-    pub fn set_log_level(&mut self, level: u8) -> Result<(), LimitsFileError> {
+    pub fn set_log_level(&mut self, level: u8) -> Result<()> {
         if level > 4 {
             return Err(LimitsFileError::UnsafeValue {
                 key: ENV_LIBCUDA_LOG_LEVEL.to_owned(),

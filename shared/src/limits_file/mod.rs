@@ -32,6 +32,9 @@ mod project_keys;
 #[cfg(test)]
 mod tests;
 
+/// What the writers of this module return.
+pub type Result<T, E = LimitsFileError> = std::result::Result<T, E>;
+
 pub use entry::{GpuFraction, LimitsFileError, MAX_LINE_BYTES, NodeGpusPath, Value, is_valid_key};
 pub use file::{EXAMPLE, LimitsFile};
 pub use parse::{Diagnostic, LineParser, ParsedLimitsFile, Severity, parse, parse_bytes};

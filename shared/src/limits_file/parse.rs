@@ -126,9 +126,7 @@ impl LineParser {
         self.line += 1;
         let line = self.line;
         let entry = if length > MAX_LINE_BYTES {
-            Err(format!(
-                "line is {length} bytes; HAMi-core reads lines of up to {MAX_LINE_BYTES} bytes and would split it"
-            ))
+            Err(SkippedLine::TooLong { length })
         } else {
             // A CRLF line ending: the CR is stripped, so `3000m\r` means 3000 MiB (the preload
             // library exports what this parser reads). A CR anywhere else is an error below.
@@ -150,10 +148,10 @@ impl LineParser {
         };
         match entry {
             Ok((key, value)) => self.record(line, key, value, report),
-            Err(message) => report(Diagnostic {
+            Err(why) => report(Diagnostic {
                 line,
                 severity: Severity::Error,
-                message,
+                message: why.to_string(),
             }),
         }
     }
@@ -274,49 +272,86 @@ fn read_format(key: &str, value: &str, warning: &mut impl FnMut(String)) -> Opti
     }
 }
 
+/// Why a line is skipped: its diagnostic's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SkippedLine<'a> {
+    /// Longer than HAMi-core's line buffer.
+    TooLong { length: usize },
+    /// A carriage return before the line's end.
+    CarriageReturn,
+    /// A NUL byte.
+    Nul,
+    /// Not UTF-8.
+    NotUtf8,
+    /// No `=`: a blank line, a comment line, or other text.
+    NoEquals { text: &'a str },
+    /// Nothing before the `=`.
+    EmptyKey { value: &'a str },
+    /// A key not of the form `[A-Z_][A-Z0-9_]*`.
+    InvalidKey { key: &'a str },
+}
+
+impl fmt::Display for SkippedLine<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            SkippedLine::TooLong { length } => write!(
+                f,
+                "line is {length} bytes; HAMi-core reads lines of up to {MAX_LINE_BYTES} bytes and would split it"
+            ),
+            SkippedLine::CarriageReturn => f.write_str(
+                "line contains a carriage return before its end: HAMi-core keeps it in the value, \
+                 so 3000m\\r would read as 3000 bytes",
+            ),
+            SkippedLine::Nul => f.write_str("line contains a NUL byte"),
+            SkippedLine::NotUtf8 => f.write_str("line is not valid UTF-8"),
+            SkippedLine::NoEquals { text } => {
+                if text.trim().is_empty() {
+                    f.write_str("blank line")?;
+                } else if text.trim_start().starts_with('#') {
+                    f.write_str("comment line")?;
+                } else {
+                    write!(f, "line {text:?} has no '='")?;
+                }
+                f.write_str(
+                    ": not a KEY=VALUE entry (released HAMi-core stops reading the file at such a line)",
+                )
+            }
+            SkippedLine::EmptyKey { value } => write!(f, "empty key before '=' (value {value:?})"),
+            SkippedLine::InvalidKey { key } => {
+                let why = if key.trim() != key {
+                    " (white space around the key: HAMi-core trims nothing)"
+                } else {
+                    ""
+                };
+                write!(f, "key {key:?} is not of the form [A-Z_][A-Z0-9_]*{why}")
+            }
+        }
+    }
+}
+
 /// The line as text, or why it is skipped: a carriage return before its end, a NUL byte, invalid
 /// UTF-8.
-fn line_text(raw: &[u8]) -> Result<&str, String> {
+fn line_text(raw: &[u8]) -> Result<&str, SkippedLine<'static>> {
     if raw.contains(&b'\r') {
-        return Err(
-            "line contains a carriage return before its end: HAMi-core keeps it in the value, \
-             so 3000m\\r would read as 3000 bytes"
-                .to_owned(),
-        );
+        return Err(SkippedLine::CarriageReturn);
     }
     if raw.contains(&0) {
-        return Err("line contains a NUL byte".to_owned());
+        return Err(SkippedLine::Nul);
     }
-    std::str::from_utf8(raw).map_err(|_| "line is not valid UTF-8".to_owned())
+    std::str::from_utf8(raw).map_err(|_| SkippedLine::NotUtf8)
 }
 
 /// `KEY=VALUE` split at the first `=`, or why the line is skipped: no `=` (a blank or comment
 /// line too), an empty key, a key not of the form `[A-Z_][A-Z0-9_]*`.
-fn split_entry(text: &str) -> Result<(&str, &str), String> {
+fn split_entry(text: &str) -> Result<(&str, &str), SkippedLine<'_>> {
     let Some((key, value)) = text.split_once('=') else {
-        let what = if text.trim().is_empty() {
-            "blank line".to_owned()
-        } else if text.trim_start().starts_with('#') {
-            "comment line".to_owned()
-        } else {
-            format!("line {text:?} has no '='")
-        };
-        return Err(format!(
-            "{what}: not a KEY=VALUE entry (released HAMi-core stops reading the file at such a line)"
-        ));
+        return Err(SkippedLine::NoEquals { text });
     };
     if key.is_empty() {
-        return Err(format!("empty key before '=' (value {value:?})"));
+        return Err(SkippedLine::EmptyKey { value });
     }
     if !is_valid_key(key) {
-        let why = if key.trim() != key {
-            " (white space around the key: HAMi-core trims nothing)"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "key {key:?} is not of the form [A-Z_][A-Z0-9_]*{why}"
-        ));
+        return Err(SkippedLine::InvalidKey { key });
     }
     Ok((key, value))
 }

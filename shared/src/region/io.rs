@@ -9,6 +9,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use super::Result;
 use super::error::{RegionError, RegionErrorKind};
 use super::layout::MAX_REGION_FILE_BYTES;
 use super::parse::{Region, parse};
@@ -81,7 +82,7 @@ fn read_bounded(path: &Path, limit: usize) -> Result<Vec<u8>, RegionErrorKind> {
 /// # Errors
 /// [`RegionError`] naming `path`: missing, a link, not a regular file, an I/O error, or bytes
 /// that are not a region ([`super::ParseError`]).
-pub fn read_region_file(path: &Path) -> Result<Region, RegionError> {
+pub fn read_region_file(path: &Path) -> Result<Region> {
     parse_region_bytes(path, &read_region_bytes(path)?)
 }
 
@@ -91,7 +92,7 @@ pub fn read_region_file(path: &Path) -> Result<Region, RegionError> {
 ///
 /// # Errors
 /// [`RegionError`] naming `path`: missing, a link, not a regular file, or an I/O error.
-pub fn read_region_bytes(path: &Path) -> Result<Vec<u8>, RegionError> {
+pub fn read_region_bytes(path: &Path) -> Result<Vec<u8>> {
     read_bounded(path, MAX_REGION_FILE_BYTES).map_err(|kind| RegionError {
         path: path.display().to_string(),
         kind,
@@ -102,7 +103,7 @@ pub fn read_region_bytes(path: &Path) -> Result<Vec<u8>, RegionError> {
 ///
 /// # Errors
 /// [`RegionError`] with [`RegionErrorKind::Parse`].
-pub fn parse_region_bytes(path: &Path, bytes: &[u8]) -> Result<Region, RegionError> {
+pub fn parse_region_bytes(path: &Path, bytes: &[u8]) -> Result<Region> {
     parse(bytes).map_err(|e| RegionError {
         path: path.display().to_string(),
         kind: RegionErrorKind::Parse(e),

@@ -26,6 +26,9 @@ pub mod verdict;
 #[cfg(test)]
 mod tests;
 
+/// What the readers of this module return.
+pub type Result<T, E = RegionError> = std::result::Result<T, E>;
+
 pub use error::{RegionError, RegionErrorKind};
 pub use io::{
     ContainerDir, LIMITS_FILE_READ_BYTES, container_dirs, limits_file_for, parse_region_bytes,

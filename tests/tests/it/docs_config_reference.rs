@@ -11,7 +11,7 @@
 //!   argument groups and constants included), each variable on the row of its flag;
 //! - the device config (`nvidia:`) and node config (`nodeconfig[]`) keys: `NvidiaConfig` and
 //!   `NodeConfigEntry` serialized, plus every `rename = "…"` / `alias = "…"` of
-//!   `shared/src/config/device.rs` and `shared/src/config/node.rs` read as text (aliases do not
+//!   `config/src/device.rs` and `config/src/node.rs` read as text (aliases do not
 //!   serialize);
 //! - the inventory file's keys: the fields of `FileGpu` in `device-plugin/src/gpu/inventory/file.rs`
 //!   (private, so read as text, camelCased as its serde attribute says) against the example;
@@ -417,18 +417,18 @@ fn device_config_and_node_config_keys() {
     let doc = doc();
     let device = sec(&doc, "Device config: device-config.yaml");
     let node = sec(&doc, "Node config: config.json");
-    let nvidia = serde_json::to_value(hami_shared::config::NvidiaConfig::default()).unwrap();
+    let nvidia = serde_json::to_value(hami_config::NvidiaConfig::default()).unwrap();
     let code: BTreeSet<String> = nvidia.as_object().unwrap().keys().cloned().collect();
     let mut problems = compare(
         &code,
         &first_column(&device),
-        "shared/src/config/device.rs (`NvidiaConfig`, the `nvidia:` section)",
+        "config/src/device.rs (`NvidiaConfig`, the `nvidia:` section)",
         "\"Device config: device-config.yaml\"",
     );
 
-    let entry = serde_json::to_value(hami_shared::config::NodeConfigEntry::default()).unwrap();
+    let entry = serde_json::to_value(hami_config::NodeConfigEntry::default()).unwrap();
     let mut node_keys: BTreeSet<String> = entry.as_object().unwrap().keys().cloned().collect();
-    let source = read("shared/src/config/node.rs");
+    let source = read("config/src/node.rs");
     let start = source
         .find("pub struct NodeConfigEntry")
         .expect("NodeConfigEntry");
@@ -438,11 +438,11 @@ fn device_config_and_node_config_keys() {
     problems.extend(compare(
         &node_keys,
         &node_listed,
-        "shared/src/config/node.rs (`NodeConfigEntry`, serde renames and aliases)",
+        "config/src/node.rs (`NodeConfigEntry`, serde renames and aliases)",
         "\"Node config: config.json\"",
     ));
     // filterdevices' own keys, on its row.
-    let filter = serde_json::to_value(hami_shared::config::FilterDevices::default()).unwrap();
+    let filter = serde_json::to_value(hami_config::FilterDevices::default()).unwrap();
     let row = table_rows(&node)
         .into_iter()
         .find(|r| code_spans(&r.cells[0]).iter().any(|s| s == "filterdevices"));
@@ -452,13 +452,13 @@ fn device_config_and_node_config_keys() {
             .is_some_and(|r| r.cells.iter().any(|c| c.contains(&format!("\"{key}\""))))
         {
             problems.push(format!(
-                "`filterdevices.{key}` (shared/src/config/node.rs `FilterDevices`) is not on the `filterdevices` row of {DOC}, \"Node config: config.json\""
+                "`filterdevices.{key}` (config/src/node.rs `FilterDevices`) is not on the `filterdevices` row of {DOC}, \"Node config: config.json\""
             ));
         }
     }
     // Every serde rename or alias of the two files, whichever struct it is on.
     let both = format!("{device}\n{node}");
-    for file in ["shared/src/config/device.rs", "shared/src/config/node.rs"] {
+    for file in ["config/src/device.rs", "config/src/node.rs"] {
         for (name, line) in serde_names(&read(file)) {
             if !both.contains(&format!("`{name}`")) {
                 problems.push(format!(

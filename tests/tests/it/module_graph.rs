@@ -42,18 +42,21 @@ fn no_crate_has_an_import_circle() {
     let mut checked = 0;
     for krate in [
         "shared",
+        "config",
+        "publish",
+        "preload-reference",
         "ops",
         "webhook",
         "device-plugin",
-        "certs",
+        "certgen",
         "preload",
-        "inspect",
+        "limits",
         "tests",
     ] {
         let src = workspace().join(krate).join("src");
         assert!(src.is_dir(), "{} is missing", src.display());
         if !src.join("lib.rs").is_file() {
-            continue; // a binary only (inspect): one file, nothing to circle
+            continue; // a binary only (limits): one file, nothing to circle
         }
         assert_acyclic(krate, &crate_graph(&src));
         checked += 1;
@@ -229,6 +232,60 @@ fn the_device_plugin_plan_reaches_no_shell_and_no_io() {
             );
         }
     }
+}
+
+/// The contract (`hami-shared`) and the configuration engine (`hami-config`) are types and pure
+/// functions: the one file that touches the file system is the contract's bounded, link-refusing
+/// read of the region and limits files a tenant writes (`shared/src/region/io.rs`). Writing is
+/// `hami-publish`'s; reading configuration files and the environment is the programs'.
+#[test]
+fn the_contract_and_the_config_engine_do_no_io() {
+    const ALLOWED: &str = "shared/src/region/io.rs";
+    let mut files = Vec::new();
+    for krate in ["shared", "config"] {
+        hami_tests::module_graph::rust_files(&workspace().join(krate).join("src"), &mut files);
+    }
+    let mut checked = 0;
+    let mut allowed_seen = false;
+    for file in &files {
+        let relative = file.strip_prefix(workspace()).unwrap();
+        // Unit-test modules (`tests.rs`) and test code after `#[cfg(test)]` may use temp folders.
+        if relative.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let code = hami_tests::module_graph::code_only(&std::fs::read_to_string(file).unwrap());
+        let code = code.split("#[cfg(test)]").next().unwrap_or("");
+        let named = [
+            "std::fs",
+            "fs::",
+            "File::open",
+            "File::create",
+            "OpenOptions",
+            "std::env",
+            "std::process",
+            "std::net",
+            "tokio",
+            "println!",
+            "eprintln!",
+        ]
+        .into_iter()
+        .filter(|io| code.contains(io))
+        .collect::<Vec<_>>();
+        if relative == Path::new(ALLOWED) {
+            allowed_seen = !named.is_empty();
+            continue;
+        }
+        checked += 1;
+        assert!(
+            named.is_empty(),
+            "{} names {named:?}: the contract and the configuration engine do no I/O (writes go to \
+             hami-publish, reads of settings to the programs)",
+            relative.display()
+        );
+    }
+    assert!(checked >= 20, "only {checked} files checked");
+    // The checker sees I/O where there is some.
+    assert!(allowed_seen, "{ALLOWED}: no I/O seen by the checker");
 }
 
 #[test]

@@ -212,10 +212,7 @@ fn check_device_plugin_mounts(
 
 /// Whether the container's limits name the memory, memory-percentage or core resource (HAMi's
 /// condition for `defaultGPUNum`).
-fn names_share_limit(
-    container: &Container<'_>,
-    nvidia: &hami_shared::config::NvidiaAdmission,
-) -> bool {
+fn names_share_limit(container: &Container<'_>, nvidia: &hami_config::NvidiaAdmission) -> bool {
     [
         &nvidia.resource_memory_name,
         &nvidia.resource_memory_percentage_name,

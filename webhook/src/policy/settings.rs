@@ -14,8 +14,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hami_config::NvidiaAdmission;
 use hami_ops::LogFormat;
-use hami_shared::config::NvidiaAdmission;
 use serde::{Deserialize, Serialize};
 
 use crate::policy::kai::settings::KaiSettings;

@@ -121,7 +121,7 @@ pub fn read(input: &[u8]) -> Result<PodManifest, ManifestError> {
     check_kind(&object)?;
     // `nvidia.com/gpu: 1` is an integer in YAML; kubectl and the API server accept it and the
     // server stores the string, which is what a review carries.
-    hami_shared::manifest::quantities_as_strings(&mut object);
+    quantities_as_strings(&mut object);
     let json = serde_json::to_vec(&object).map_err(|e| ManifestError::Syntax(e.to_string()))?;
     Ok(PodManifest {
         object,
@@ -355,6 +355,52 @@ impl<'de> Visitor<'de> for Locate<'_> {
     }
 }
 
+/// Turn every number that stands for a resource quantity into its string form, as the API server
+/// reads it: `resources.limits` / `resources.requests` of every container, init container and
+/// ephemeral container (in a Pod's `spec`, or a pod template's `spec.template.spec`), and
+/// `spec.overhead`. Everything else is left as it is.
+///
+/// kubectl accepts `nvidia.com/gpu: 1` (a YAML integer) where the API's `Quantity` is a string:
+/// YAML numbers become JSON numbers, and the API server's `Quantity` unmarshaller accepts them.
+/// Typed Rust clients do not, so a manifest is normalised first.
+pub fn quantities_as_strings(object: &mut Value) {
+    if let Some(spec) = object.get_mut("spec") {
+        pod_spec(spec);
+        if let Some(template_spec) = spec.get_mut("template").and_then(|t| t.get_mut("spec")) {
+            pod_spec(template_spec);
+        }
+    }
+}
+
+fn pod_spec(spec: &mut Value) {
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
+        if let Some(Value::Array(containers)) = spec.get_mut(list) {
+            for c in containers {
+                if let Some(resources) = c.get_mut("resources") {
+                    for kind in ["limits", "requests"] {
+                        if let Some(map) = resources.get_mut(kind) {
+                            numbers_to_strings(map);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(overhead) = spec.get_mut("overhead") {
+        numbers_to_strings(overhead);
+    }
+}
+
+fn numbers_to_strings(map: &mut Value) {
+    if let Value::Object(entries) = map {
+        for v in entries.values_mut() {
+            if let Value::Number(n) = v {
+                *v = Value::String(n.to_string());
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -515,5 +561,34 @@ mod tests {
             read_err("kind: Pod\nmetadata:\n  annotations:\n    [a]: b\n")
                 .contains("not YAML or JSON")
         );
+    }
+
+    #[test]
+    fn integer_and_decimal_quantities_become_strings() {
+        let mut pod = serde_json::json!({
+            "kind": "Pod",
+            "spec": {
+                "containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1, "cpu": 0.5, "memory": "1Gi"}, "requests": {"nvidia.com/gpumem": 3000}}}],
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": 2}}}],
+                "overhead": {"cpu": 1},
+                "nodeSelector": {"n": "1"}
+            },
+            "metadata": {"labels": {"x": "y"}, "generation": 3}
+        });
+        quantities_as_strings(&mut pod);
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"]["limits"],
+            serde_json::json!({"nvidia.com/gpu": "1", "cpu": "0.5", "memory": "1Gi"})
+        );
+        assert_eq!(
+            pod["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpumem"],
+            serde_json::json!("3000")
+        );
+        assert_eq!(
+            pod["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+            serde_json::json!("2")
+        );
+        assert_eq!(pod["spec"]["overhead"]["cpu"], serde_json::json!("1"));
+        assert_eq!(pod["metadata"]["generation"], serde_json::json!(3));
     }
 }

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{FileText, NvidiaAdmission, load_layered_with_schema};
+use hami_config::{FileText, NvidiaAdmission, load_layered_with_schema};
 use hami_shared::names::{self, Program};
 
 use crate::policy::settings::Settings;
@@ -22,7 +22,7 @@ use crate::policy::settings::Settings;
 pub enum SettingsLoadError {
     /// The settings file could not be read, or a layered value is not accepted.
     #[error(transparent)]
-    Config(#[from] hami_shared::config::ConfigError),
+    Config(#[from] hami_config::ConfigLoadError),
     /// The file's `deviceConfigFile` is not a string.
     #[error(
         "{}: deviceConfigFile: {value:?} is not a path (accepted: an absolute or relative file path)",
@@ -52,7 +52,7 @@ pub enum SettingsLoadError {
         /// The settings file.
         file: PathBuf,
         /// The read error, naming the device config.
-        source: hami_shared::config::ConfigError,
+        source: hami_config::ConfigLoadError,
     },
     /// The device config is not YAML.
     #[error("{} (deviceConfigFile of {}): not YAML: {source}", device_file.display(), file.display())]
@@ -167,7 +167,7 @@ fn with_device_config(path: &Path, text: &str) -> crate::Result<String, Settings
     let device_text = std::fs::read_to_string(&device_file).map_err(|source| {
         SettingsLoadError::DeviceConfigRead {
             file: file(),
-            source: hami_shared::config::ConfigError::Read {
+            source: hami_config::ConfigLoadError::Read {
                 path: device_file.clone(),
                 source,
             },
@@ -217,7 +217,7 @@ impl Settings {
     {
         let text = match file {
             Some(path) => Some(std::fs::read_to_string(path).map_err(|source| {
-                hami_shared::config::ConfigError::Read {
+                hami_config::ConfigLoadError::Read {
                     path: path.to_path_buf(),
                     source,
                 }

@@ -21,7 +21,7 @@ pub mod spec_guard;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{NodeConfigEntry, NvidiaConfig};
+use hami_config::{NodeConfigEntry, NvidiaConfig};
 use hami_shared::container::{
     ContainerKey, ContainerKeyError, LimitsBuilder, PlanWarning, SpecEnv, SpecValue, spec_value,
 };

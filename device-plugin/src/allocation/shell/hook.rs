@@ -344,8 +344,8 @@ mod tests {
             "spec": {"containers": [{"name": "main", "env": env}]}
         }))
         .unwrap();
-        let global = hami_shared::config::NvidiaConfig {
-            plugin: hami_shared::config::NvidiaPlugin {
+        let global = hami_config::NvidiaConfig {
+            plugin: hami_config::NvidiaPlugin {
                 limit_delivery: Some(delivery),
                 ..Default::default()
             },

@@ -7,9 +7,9 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use hami_publish::PUBLISHED_MODE;
+use hami_publish::{PublishError, publish_atomic, sweep_temp_files};
 use hami_shared::node_gpus::NodeGpu;
-use hami_shared::publish::PUBLISHED_MODE;
-use hami_shared::{PublishError, publish_atomic, sweep_temp_files};
 
 use super::{
     DIR_MODE, EntryKind, FileSource, FoundEntry, GpuSource, InstallHookError, InstallPlan,
@@ -225,7 +225,7 @@ fn ensure_dir(path: &Path) -> Result<bool, InstallHookError> {
     }
     fs::set_permissions(path, fs::Permissions::from_mode(DIR_MODE)).map_err(create_err)?;
     if let Some(parent) = path.parent() {
-        hami_shared::publish::sync_dir(parent).map_err(InstallHookError::SyncDir)?;
+        hami_publish::sync_dir(parent).map_err(InstallHookError::SyncDir)?;
     }
     Ok(true)
 }
@@ -314,7 +314,7 @@ pub fn withdraw_node_gpus(path: &Path) -> Result<bool, InstallHookError> {
         Err(e) => return Err(withdraw_err(e)),
     }
     if let Some(dir) = path.parent() {
-        hami_shared::publish::sync_dir(dir).map_err(InstallHookError::SyncDir)?;
+        hami_publish::sync_dir(dir).map_err(InstallHookError::SyncDir)?;
     }
     Ok(true)
 }

@@ -21,7 +21,7 @@
 //! of the directory found ([`FoundEntry`]) and what the GPU source listed ([`GpuListing`], read by
 //! [`list_gpus`]); [`execute`] does the file I/O. Each file is written to a temporary file beside
 //! its final name, `fsync`ed, renamed over it and the directory `fsync`ed
-//! ([`hami_shared::publish_atomic`]), so a library that running processes map is never
+//! ([`hami_publish::publish_atomic`]), so a library that running processes map is never
 //! overwritten in place, and the libraries go first and `ld.so.preload` last, so that at every
 //! moment (including after a failure or a crash) `ld.so.preload` is the previous complete one or
 //! absent, and never names a library that is not there. `node-gpus` goes between them (or, when
@@ -37,7 +37,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use hami_shared::PublishError;
+use hami_publish::PublishError;
 use hami_shared::names::LIBVGPU_SO;
 use hami_shared::node_gpus::NodeGpusError;
 

@@ -247,7 +247,7 @@ fn per_node_overrides_render_into_config_json() {
 
 #[test]
 fn rendered_device_and_node_configs_load_with_the_plugins_loaders() {
-    use hami_shared::config::{DeviceConfig, NodeConfigFile};
+    use hami_config::{DeviceConfig, NodeConfigFile};
     use hami_shared::values::{DeliverySource, LimitDelivery, resolve_limit_delivery};
     for s in rendered().scenarios.values() {
         if !s.has_config_map(&format!("{PREFIX}-device-config")) {
@@ -257,7 +257,7 @@ fn rendered_device_and_node_configs_load_with_the_plugins_loaders() {
         let device_path = PathBuf::from(format!("{}/device-config.yaml", s.name));
         let device_text = s.config_data(&format!("{PREFIX}-device-config"), "device-config.yaml");
         let device = DeviceConfig::load_from_env(
-            Some(hami_shared::config::FileText {
+            Some(hami_config::FileText {
                 path: &device_path,
                 text: &device_text,
             }),
@@ -269,7 +269,7 @@ fn rendered_device_and_node_configs_load_with_the_plugins_loaders() {
 
         let node_path = PathBuf::from(format!("{}/config.json", s.name));
         let node_text = s.config_data(&format!("{PREFIX}-node-config"), "config.json");
-        let nodes = NodeConfigFile::parse(hami_shared::config::FileText {
+        let nodes = NodeConfigFile::parse(hami_config::FileText {
             path: &node_path,
             text: &node_text,
         })
@@ -329,15 +329,15 @@ fn rendered_device_and_node_configs_load_with_the_plugins_loaders() {
 /// neither does; a MIG device gets no HAMi-core variable at all.
 #[test]
 fn the_default_log_level_reaches_every_allocation_and_its_limits_file() {
+    use hami_config::DeviceConfig;
     use hami_device_plugin::allocation::plan::codec::ContainerDevice;
     use hami_device_plugin::allocation::plan::{AllocationSettings, plan_container};
-    use hami_shared::config::DeviceConfig;
     let settings = |name: &str| {
         let s = scenario(name);
         let path = PathBuf::from(format!("{name}/device-config.yaml"));
         let text = s.config_data(&format!("{PREFIX}-device-config"), "device-config.yaml");
         let device = DeviceConfig::load_from_env(
-            Some(hami_shared::config::FileText {
+            Some(hami_config::FileText {
                 path: &path,
                 text: &text,
             }),

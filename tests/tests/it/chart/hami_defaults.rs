@@ -5,11 +5,11 @@ use super::*;
 
 #[test]
 fn hamis_own_device_config_loads_with_the_plugins_and_the_webhooks_loaders() {
-    use hami_shared::config::DeviceConfig;
+    use hami_config::DeviceConfig;
     let path = hami_device_config();
     let text = std::fs::read_to_string(&path).unwrap();
     let device = DeviceConfig::load_from_env(
-        Some(hami_shared::config::FileText {
+        Some(hami_config::FileText {
             path: &path,
             text: &text,
         }),
@@ -460,7 +460,7 @@ fn our_default<'a>(values: &'a Value, path: &str) -> &'a Value {
 
 #[test]
 fn chart_defaults_are_hamis_or_listed_as_differences() {
-    use hami_shared::config::DeviceConfig;
+    use hami_config::DeviceConfig;
     let text = std::fs::read_to_string(repo_root().join("charts/hami-limits/values.yaml")).unwrap();
     let values: Value = serde_yaml_ng::from_str(&text).unwrap();
     // What our device plugin makes of the rendered default device-config.yaml.
@@ -468,7 +468,7 @@ fn chart_defaults_are_hamis_or_listed_as_differences() {
     let path = PathBuf::from("default/device-config.yaml");
     let rendered = s.config_data(&format!("{PREFIX}-device-config"), "device-config.yaml");
     let loaded = DeviceConfig::load_from_env(
-        Some(hami_shared::config::FileText {
+        Some(hami_config::FileText {
             path: &path,
             text: &rendered,
         }),

@@ -59,7 +59,7 @@ pub fn as_admitted(pod: &Value, namespace: Option<&str>) -> Value {
             }
         }
     }
-    hami_shared::manifest::quantities_as_strings(&mut pod);
+    hami_webhook::shell::pod_manifest::quantities_as_strings(&mut pod);
     pod
 }
 

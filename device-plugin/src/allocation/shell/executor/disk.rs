@@ -8,8 +8,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use hami_publish::{PublishError, publish_atomic, sweep_temp_files};
 use hami_shared::names::{USAGE_CACHE_FILE, VGPU_LOCK_FILE, VGPU_LOCK_PATH};
-use hami_shared::publish::{PublishError, publish_atomic, sweep_temp_files};
 
 use super::no_follow::{
     NoFollowError, create_dir_at, create_new_file_at, ensure_own_file_at, open_dir, own_and_chmod,

@@ -6,10 +6,10 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::FileText;
 use super::layer::{Layers, check_log_level, check_scaling};
-use super::{ConfigError, FileText};
-use crate::names;
-use crate::values::LimitDelivery;
+use hami_shared::names;
+use hami_shared::values::LimitDelivery;
 
 /// `operatingmode` of a node entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,7 +102,7 @@ pub struct NodeConfigEntry {
     pub lib_cuda_log_level: Option<u8>,
     /// `preconfigureddevicememory` MiB: overrides the global `preConfiguredDeviceMemory`, `0`
     /// (unset) included — HAMi v2.10 keeps the global value for a `0`
-    /// ([`crate::config::NvidiaConfig::hami_merge_differences`]).
+    /// ([`crate::NvidiaConfig::hami_merge_differences`]).
     #[serde(rename = "preconfigureddevicememory")]
     pub pre_configured_device_memory: Option<u64>,
     /// `migstrategy` (kept as written).
@@ -119,7 +119,7 @@ pub struct NodeConfigEntry {
     pub limit_delivery: Option<LimitDelivery>,
     /// `enablenumatopology` (also accepted as `enableNumaTopology`): overrides the global
     /// `enableNumaTopology`, `false` included — HAMi v2.10 keeps a global `true` for a `false`
-    /// ([`crate::config::NvidiaConfig::hami_merge_differences`]).
+    /// ([`crate::NvidiaConfig::hami_merge_differences`]).
     #[serde(rename = "enablenumatopology", alias = "enableNumaTopology")]
     pub enable_numa_topology: Option<bool>,
 }
@@ -175,7 +175,7 @@ pub struct NodeConfigFile {
 impl NodeConfigFile {
     /// Parse `config.json` (JSON or YAML). No environment layer: per-node settings live in the
     /// file.
-    pub fn parse(file: FileText<'_>) -> Result<Self, ConfigError> {
+    pub fn parse(file: FileText<'_>) -> crate::Result<Self> {
         let layers = Layers::load(
             Some(file),
             names::CONFIG_ENV_PREFIX,

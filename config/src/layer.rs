@@ -1,5 +1,5 @@
 //! The layering engine: built-in defaults < a file < `<PREFIX>_*` environment variables, merged as
-//! JSON values and deserialized once ([`super::de`]). The layers are kept apart so that an error
+//! JSON values and deserialized once (`de.rs`). The layers are kept apart so that an error
 //! names the layer a bad value came from: the file, or the variable.
 //!
 //! Pure: the file arrives as text ([`FileText`]) and the environment as name/value pairs; the
@@ -11,8 +11,8 @@ use serde_json::{Map, Value as Json};
 
 use super::de::{self, DeError, DeErrorKind, Seg, render_key_path};
 use super::file::file_layer;
-use super::{ConfigError, FileText};
-use crate::names;
+use super::{ConfigLoadError, FileText};
+use hami_shared::names;
 
 /// Load `T` from `file` and the environment `env` (`<env_prefix>_KEY__SUBKEY`). Defaults come
 /// from `T`'s `#[serde(default)]`. Environment keys arrive lowercased and are matched (ignoring
@@ -22,7 +22,7 @@ pub fn load_layered_from_env<T, I>(
     file: Option<FileText<'_>>,
     env_prefix: &str,
     env: I,
-) -> Result<T, ConfigError>
+) -> crate::Result<T>
 where
     T: DeserializeOwned,
     I: IntoIterator<Item = (String, String)>,
@@ -37,7 +37,7 @@ pub fn load_layered_with_schema<T, I>(
     file: Option<FileText<'_>>,
     env_prefix: &str,
     env: I,
-) -> Result<T, ConfigError>
+) -> crate::Result<T>
 where
     T: DeserializeOwned + Serialize + Default,
     I: IntoIterator<Item = (String, String)>,
@@ -46,8 +46,8 @@ where
 }
 
 /// `T::default()` serialized: the first layer, and the spelling of every key.
-pub(crate) fn schema_of<T: Serialize + Default>() -> Result<Json, ConfigError> {
-    serde_json::to_value(T::default()).map_err(|e| ConfigError::InvalidValue {
+pub(crate) fn schema_of<T: Serialize + Default>() -> crate::Result<Json> {
+    serde_json::to_value(T::default()).map_err(|e| ConfigLoadError::InvalidValue {
         origin: "built-in defaults".to_owned(),
         key: String::new(),
         value: String::new(),
@@ -201,7 +201,7 @@ impl Layers {
         env_prefix: &str,
         env: I,
         schema: Option<Json>,
-    ) -> Result<Self, ConfigError>
+    ) -> crate::Result<Self>
     where
         I: IntoIterator<Item = (String, String)>,
     {
@@ -237,7 +237,7 @@ impl Layers {
         merged
     }
 
-    pub(crate) fn deserialize<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
+    pub(crate) fn deserialize<T: DeserializeOwned>(&self) -> crate::Result<T> {
         de::deserialize(self.merged()).map_err(|e| self.explain(e))
     }
 
@@ -264,9 +264,9 @@ impl Layers {
         (origin, value)
     }
 
-    fn invalid_at(&self, path: &[Seg], reason: String) -> ConfigError {
+    fn invalid_at(&self, path: &[Seg], reason: String) -> ConfigLoadError {
         let (origin, value) = self.origin_of(path);
-        ConfigError::InvalidValue {
+        ConfigLoadError::InvalidValue {
             origin,
             key: render_key_path(path),
             value,
@@ -276,11 +276,11 @@ impl Layers {
 
     /// `key` (`nvidia.deviceSplitCount`, `nodeconfig[1].devicesplitcount`) holds a value that is
     /// not accepted, for `reason`.
-    pub(crate) fn invalid(&self, key: &str, reason: String) -> ConfigError {
+    pub(crate) fn invalid(&self, key: &str, reason: String) -> ConfigLoadError {
         self.invalid_at(&parse_key_path(key), reason)
     }
 
-    fn explain(&self, e: DeError) -> ConfigError {
+    fn explain(&self, e: DeError) -> ConfigLoadError {
         let DeError { mut path, kind } = e;
         let reason = match kind {
             DeErrorKind::Type { expected } => format!("expected {}", friendly_expected(expected)),

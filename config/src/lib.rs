@@ -18,6 +18,10 @@
 //! Environment variables: `<PREFIX>_<SECTION>__<KEY>`, e.g. `HAMI_NVIDIA__LIMIT_DELIVERY=env`.
 //! Segments are separated by `__`; matching against the known keys ignores case, `_` and `-`, so
 //! `HAMI_NVIDIA__DEVICE_SPLIT_COUNT` sets `nvidia.deviceSplitCount`.
+//!
+//! Every function here is pure, over a file's text ([`FileText`]) and the environment's pairs: the
+//! programs read the file and the environment, so a bad setting is a unit test, not a process.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 
@@ -31,10 +35,13 @@ pub use device::{DeviceConfig, NvidiaAdmission, NvidiaConfig, NvidiaPlugin};
 pub use layer::{load_layered_from_env, load_layered_with_schema};
 pub use node::{FilterDevices, NodeConfigEntry, NodeConfigFile, OperatingMode};
 
+/// What the loaders of this crate return.
+pub type Result<T, E = ConfigLoadError> = std::result::Result<T, E>;
+
 /// A configuration that could not be loaded. Messages name the file or variable, key, value and
 /// the accepted forms.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub enum ConfigLoadError {
     /// The file could not be read.
     #[error("cannot read configuration file {path}: {source}")]
     Read {
@@ -68,7 +75,7 @@ pub enum ConfigError {
 
 /// A configuration file's text and where it came from (for messages and the format: `.json` or
 /// text starting with `{` is JSON, anything else YAML). The programs read the file
-/// ([`ConfigError::Read`] for their errors); this crate does no I/O.
+/// ([`ConfigLoadError::Read`] for their errors); this crate does no I/O.
 #[derive(Debug, Clone, Copy)]
 pub struct FileText<'a> {
     /// The file's path.

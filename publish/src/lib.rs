@@ -6,6 +6,11 @@
 //! umask does not matter) and `fsync`ed, renamed over the final name, and then the directory is
 //! `fsync`ed so that the rename itself survives a power loss. A crash leaves at most a temporary
 //! file, which [`sweep_temp_files`] removes at start.
+//!
+//! The device plugin publishes the limits files with it, and `install-hook` the hook folder's
+//! files; both sweep their folders at start. The contract (`hami-shared`) renders the bytes; this
+//! crate puts them on disk.
+#![forbid(unsafe_code)]
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -19,6 +24,9 @@ pub const PUBLISHED_MODE: u32 = 0o644;
 
 /// Marker in the name of every temporary file: `.<name>.hami-tmp.<pid>.<n>`.
 pub const TEMP_MARKER: &str = ".hami-tmp.";
+
+/// What the functions of this crate return.
+pub type Result<T, E = PublishError> = std::result::Result<T, E>;
 
 /// What failed while publishing or sweeping; each variant names the path.
 #[derive(Debug, thiserror::Error)]
@@ -161,11 +169,7 @@ impl Drop for TempGuard<'_> {
 /// The directory must exist (it is not created: a missing directory is a configuration error the
 /// caller should see). On any error before the rename the temporary file is removed, so nothing
 /// is left behind; an existing file keeps its old contents.
-pub fn publish_atomic(
-    dir: &Path,
-    file_name: &str,
-    contents: &[u8],
-) -> Result<PathBuf, PublishError> {
+pub fn publish_atomic(dir: &Path, file_name: &str, contents: &[u8]) -> Result<PathBuf> {
     if file_name.is_empty()
         || file_name == "."
         || file_name == ".."
@@ -221,7 +225,7 @@ pub fn publish_atomic(
 }
 
 /// `fsync` a directory so that renames and removals in it are durable.
-pub fn sync_dir(dir: &Path) -> Result<(), PublishError> {
+pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|source| PublishError::SyncDir {
@@ -233,7 +237,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), PublishError> {
 /// Remove the temporary files a crashed [`publish_atomic`] left in `dir`; returns how many.
 ///
 /// Call it at start, before publishing: it would also remove a concurrent publisher's file.
-pub fn sweep_temp_files(dir: &Path) -> Result<usize, PublishError> {
+pub fn sweep_temp_files(dir: &Path) -> Result<usize> {
     let read_dir_err = |source| PublishError::ReadDir {
         path: dir.to_path_buf(),
         source,

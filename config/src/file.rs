@@ -12,7 +12,7 @@ use std::path::Path;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value as Json};
 
-use super::{ConfigError, FileText};
+use super::{ConfigLoadError, FileText};
 
 /// The file's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,9 +33,9 @@ fn detect_format(path: &Path, text: &str) -> Format {
 }
 
 /// The file as a JSON map.
-pub(crate) fn file_layer(file: FileText<'_>) -> Result<Json, ConfigError> {
+pub(crate) fn file_layer(file: FileText<'_>) -> crate::Result<Json> {
     let FileText { path, text } = file;
-    let parse_err = |message: String| ConfigError::Parse {
+    let parse_err = |message: String| ConfigLoadError::Parse {
         path: path.to_path_buf(),
         message,
     };

@@ -1,17 +1,16 @@
 //! The environment a process ends up with, two ways: through the reference decision
-//! (`hami_shared::preload::decide_on_node`) and through the preload library's own decision
+//! ([`crate::decide_on_node`]) and through the preload library's own decision
 //! (`hami_preload_core::decide`, applied as `libhami_preload.so` applies it: remove every inherited
 //! contract variable, then set each entry, `CUDA_DEVICE_MEMORY_LIMIT` replaced by the per-node
-//! cap). Shared by `shared/tests/it/preload_differential.rs` and the `preload_differential` fuzz
-//! target (included with `#[path]`).
+//! cap). Shared by `tests/preload_differential.rs` and the `preload_differential` fuzz target.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
+use crate::{Decision, NodeView, decide_on_node};
 use hami_preload_core::decide::{MibText, PerNode, cap_on_node, parse_node_gpus, read_limits};
 use hami_preload_core::keys::is_contract_variable;
-use hami_shared::preload::{Decision, NodeView, decide_on_node};
 
 /// Name → value.
 pub type Env = BTreeMap<Vec<u8>, Vec<u8>>;

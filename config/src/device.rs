@@ -6,11 +6,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::FileText;
 use super::layer::{Layers, check_log_level, check_scaling, schema_of};
 use super::node::NodeConfigEntry;
-use super::{ConfigError, FileText};
-use crate::names;
-use crate::values::{CorePolicy, LimitDelivery};
+use hami_shared::names;
+use hami_shared::values::{CorePolicy, LimitDelivery};
 
 /// HAMi's global `device-config.yaml`; only the `nvidia:` section is read, other vendors' sections
 /// are ignored. Loaded by [`DeviceConfig::load_from_env`] (each part of the section deserialized
@@ -184,7 +184,7 @@ impl NvidiaPlugin {
 impl NvidiaConfig {
     /// These settings with a node's overrides applied (split count, scalings, log level).
     /// `limitdelivery` is not applied here: the node's and this global value both go to
-    /// [`crate::values::resolve_limit_delivery`], which reports which level decided.
+    /// [`hami_shared::values::resolve_limit_delivery`], which reports which level decided.
     pub fn with_node(&self, node: &NodeConfigEntry) -> NvidiaConfig {
         let mut out = self.clone();
         if let Some(v) = node.device_split_count {
@@ -241,7 +241,7 @@ impl NvidiaConfig {
 
 impl DeviceConfig {
     /// Load from `file` and the given environment.
-    pub fn load_from_env<I>(file: Option<FileText<'_>>, env: I) -> Result<Self, ConfigError>
+    pub fn load_from_env<I>(file: Option<FileText<'_>>, env: I) -> crate::Result<Self>
     where
         I: IntoIterator<Item = (String, String)>,
     {

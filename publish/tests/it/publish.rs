@@ -1,6 +1,6 @@
 //! Atomic publication under SIGKILL, failure cases, and the umask.
 //!
-//! Child processes are this test binary re-executed with `HAMI_SHARED_TEST_CHILD=<role>:<dir>`
+//! Child processes are this test binary re-executed with `HAMI_PUBLISH_TEST_CHILD=<role>:<dir>`
 //! and `--exact <test name>`: the test function sees the variable and plays the child's role.
 
 use std::fs;
@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hami_shared::publish::{PublishError, is_temp_file_name, publish_atomic, sweep_temp_files};
+use hami_publish::{PublishError, is_temp_file_name, publish_atomic, sweep_temp_files};
 
-const CHILD_ENV: &str = "HAMI_SHARED_TEST_CHILD";
+const CHILD_ENV: &str = "HAMI_PUBLISH_TEST_CHILD";
 const READY: &str = "HAMI-CHILD-READY";
 const FILE: &str = "pod_ctr.limits";
 

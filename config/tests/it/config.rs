@@ -2,9 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use hami_shared::config::{
-    ConfigError, DeviceConfig, FileText, NodeConfigFile, NvidiaConfig, NvidiaPlugin, OperatingMode,
-    load_layered_from_env, load_layered_with_schema,
+use hami_config::{
+    ConfigLoadError, DeviceConfig, FileText, NodeConfigFile, NvidiaConfig, NvidiaPlugin,
+    OperatingMode, load_layered_from_env, load_layered_with_schema,
 };
 use hami_shared::values::{CorePolicy, DeliverySource, LimitDelivery, resolve_limit_delivery};
 use serde::{Deserialize, Serialize};
@@ -326,7 +326,7 @@ fn node_config_json_as_hami_writes_it() {
     assert_eq!(r.invalid_annotation.as_deref(), Some("FILE"));
 }
 
-fn device_error(yaml: &str, e: Vec<(String, String)>) -> (String, ConfigError, PathBuf) {
+fn device_error(yaml: &str, e: Vec<(String, String)>) -> (String, ConfigLoadError, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "device-config.yaml", yaml);
     let err = DeviceConfig::load_from_env(
@@ -430,7 +430,7 @@ fn every_bad_value_is_named() {
             &format!("nvidia:\n  resourceCountName: nvidia.com/gpu\n  {line}\n"),
             no_env(),
         );
-        let ConfigError::InvalidValue {
+        let ConfigLoadError::InvalidValue {
             origin,
             key: k,
             value: v,
@@ -457,7 +457,7 @@ fn bad_value_from_the_environment_names_the_variable() {
         "nvidia:\n  limitDelivery: file\n",
         env(&[("HAMI_NVIDIA__LIMIT_DELIVERY", "Env")]),
     );
-    assert!(matches!(err, ConfigError::InvalidValue { .. }));
+    assert!(matches!(err, ConfigLoadError::InvalidValue { .. }));
     assert_eq!(
         msg,
         "environment variable HAMI_NVIDIA__LIMIT_DELIVERY: nvidia.limitDelivery: invalid value \"Env\": \"Env\" is not one of: env, file"
@@ -541,7 +541,7 @@ fn node_config_bad_values_are_named() {
         })
         .unwrap_err();
         let msg = err.to_string();
-        let ConfigError::InvalidValue {
+        let ConfigLoadError::InvalidValue {
             origin,
             key: k,
             value: v,
@@ -622,7 +622,7 @@ fn unparsable_files_are_errors_naming_the_path() {
         text: &read(&broken),
     })
     .unwrap_err();
-    assert!(matches!(err, ConfigError::Parse { .. }), "{err}");
+    assert!(matches!(err, ConfigLoadError::Parse { .. }), "{err}");
     assert!(err.to_string().contains(&broken.display().to_string()));
 }
 

@@ -1,12 +1,11 @@
 //! The preload library's decision (`hami_preload_core`, no `std`) against the reference
-//! (`hami_shared::preload`, over the contract's parsers): for limits files, node GPU files, visible
+//! (`hami_preload_reference`, over the contract's parsers): for limits files, node GPU files, visible
 //! devices and inherited environments built from the pieces real files are made of (and the
 //! mistakes they contain), both give the same decision and the same environment. The
 //! `preload_differential` fuzz target does the same over arbitrary bytes.
 
-use crate::library_env;
-
-use hami_shared::preload::{Kept, NodeView, PerNode, VisibleGpus};
+use hami_preload_reference::library_env;
+use hami_preload_reference::{Kept, NodeView, PerNode, VisibleGpus};
 use proptest::prelude::*;
 
 fn limits_line() -> impl Strategy<Value = String> {

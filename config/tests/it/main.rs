@@ -1,0 +1,4 @@
+//! The configuration engine's integration tests, one binary.
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+
+mod config;

@@ -1,0 +1,4 @@
+//! The publisher's integration tests, one binary.
+#![allow(clippy::expect_used, clippy::panic, clippy::unwrap_used)]
+
+mod publish;
