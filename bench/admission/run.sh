@@ -2,14 +2,14 @@
 # One review's cost against its size: the oversized reviews written by gen.py, answered by the
 # release `hami-webhook review` (the same parse + decide + encode the server runs per request), each
 # under /usr/bin/time -v: wall time, peak RSS, answer and response size. Writes OUT (default
-# target/bench/admission/results.md): reports go under the repository's target/ (ignored by git),
-# never into the source tree (figures worth keeping are copied into docs/benchmarks.md).
+# bench/results/admission/results.md): reports go under bench/results/ (ignored by git),
+# never into a tracked file (figures worth keeping are copied into docs/benchmarks.md).
 #
 #   bench/admission/run.sh            # RUNS=3
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 RUNS=${RUNS:-3}
-OUT=${OUT:-$ROOT/target/bench/admission/results.md}
+OUT=${OUT:-$ROOT/bench/results/admission/results.md}
 mkdir -p "$(dirname "$OUT")"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT

@@ -7,8 +7,8 @@
 # full evaluation, this tree's over-limit rows for the limit. Also the Criterion
 # `decide` bench and the `kai_vram_index` bench of both, for the ordinary fixtures and lookups.
 # Writes OUT_DIR/results.md and the raw outputs in OUT_DIR/raw/ (default OUT_DIR:
-# target/bench/affinity): reports go under the repository's target/ (ignored by git), never into the
-# source tree (figures worth keeping are copied into docs/benchmarks.md).
+# bench/results/affinity): reports go under bench/results/ (ignored by git), never into a tracked
+# file (figures worth keeping are copied into docs/benchmarks.md).
 #
 #   bench/affinity/run.sh                           # BASE=main CORE=0 SAMPLES=15 SLOW_SECONDS=30
 #   BUILD_ONLY=1 bench/affinity/run.sh              # build both into <target>/affinity-bench/{this,base}
@@ -24,7 +24,7 @@ export SAMPLES=${SAMPLES:-15} SLOW_SECONDS=${SLOW_SECONDS:-30}
 CRITERION_ARGS=${CRITERION_ARGS:---warm-up-time 1 --measurement-time 3}
 # cargo's target folder (CARGO_TARGET_DIR honoured): this tree's build, and the base's beside it.
 TARGET=$("$ROOT/scripts/target-dir")
-OUT_DIR=${OUT_DIR:-$ROOT/target/bench/affinity}
+OUT_DIR=${OUT_DIR:-$ROOT/bench/results/affinity}
 
 # Build one tree's three bench binaries into $2 (named without Cargo's hash).
 build() {

@@ -9,9 +9,9 @@
 #   bench/allocate/run.sh                       # 3 runs of 1000 allocations, 8 concurrent, /var/tmp
 #   RUNS=1 REST=0 ALLOCATIONS=200 CONCURRENCY=4 BENCH_DIR=/mnt/disk bench/allocate/run.sh
 #
-# Writes OUT (default target/bench/allocate/results.md, also printed): the median p99 over the runs
-# first, then each run's full report. Reports go under the repository's target/ (ignored by git),
-# never into the source tree (figures worth keeping are copied into docs/benchmarks.md). Release
+# Writes OUT (default bench/results/allocate/results.md, also printed): the median p99 over the runs
+# first, then each run's full report. Reports go under bench/results/ (ignored by git),
+# never into a tracked file (figures worth keeping are copied into docs/benchmarks.md). Release
 # build. Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +22,7 @@ RUNS=${RUNS:-3}
 REST=${REST:-0}
 cargo build --release -p hami-tests --example allocate_bench
 bin="$(scripts/target-dir)/release/examples/allocate_bench"
-out=${OUT:-target/bench/allocate/results.md}
+out=${OUT:-bench/results/allocate/results.md}
 mkdir -p "$(dirname "$out")"
 reports=$(mktemp -d)
 # The runs' files are kept until the last run is over, then removed: deleting thousands of files

@@ -3,8 +3,8 @@
 # (../shared/bench/go-peer, the hami_kai seed's mutation), same run, same method as
 # bench/webhook/run.sh: servers pinned to core 0, h2load on core 1, TLS, HTTP/1.1 keep-alive,
 # 16 connections, medians of RUNS runs, ratio of requests/s. Writes OUT (default
-# target/bench/kai/results.md): reports go under the repository's target/ (ignored by git), never
-# into the source tree (figures worth keeping are copied into docs/benchmarks.md).
+# bench/results/kai/results.md): reports go under bench/results/ (ignored by git), never
+# into a tracked file (figures worth keeping are copied into docs/benchmarks.md).
 #
 #   bench/kai/run.sh                       # RUNS=3 N=40000 N_LARGE=10000
 #
@@ -31,7 +31,7 @@ N_LARGE=${N_LARGE:-10000}
 CLIENTS=${CLIENTS:-16}
 SERVER_CORE=${SERVER_CORE:-0}
 LOAD_CORE=${LOAD_CORE:-1}
-OUT=${OUT:-$ROOT/target/bench/kai/results.md}
+OUT=${OUT:-$ROOT/bench/results/kai/results.md}
 mkdir -p "$(dirname "$OUT")"
 
 H2LOAD=${H2LOAD:-h2load}

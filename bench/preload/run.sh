@@ -15,7 +15,7 @@
 #   - KAI:  a gpu-fraction container's file (HAMI_GPU_FRACTION, HAMI_NODE_GPUS), the node GPU file
 #           and /dev/nvidia0 (195:0): the per-node step runs on every exec as well.
 # Needs root, unshare, cc, python3, mknod. LIB defaults to the shipped artifact
-# (scripts/build-preload). Writes OUT (default target/bench/preload/results.md, also printed):
+# (scripts/build-preload). Writes OUT (default bench/results/preload/results.md, also printed):
 # per variant the median over the rounds of each round's median exec, and for our library the cost
 # over the empty one per round, its median and its best round. Targets, so that every exec in a
 # GPU container stays cheap: at most 25 µs over the empty library (best of the rounds), at most
@@ -24,7 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUNS=${RUNS:-5}
 N=${N:-2000}
-out=${OUT:-target/bench/preload/results.md}
+out=${OUT:-bench/results/preload/results.md}
 mkdir -p "$(dirname "$out")"
 [ "$(id -u)" = 0 ] || { echo "bench/preload: needs root (mount namespace, mknod)" >&2; exit 2; }
 LIB=${LIB:-$(scripts/build-preload | tail -n 1)}

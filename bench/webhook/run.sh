@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Admission throughput and latency: hami-webhook against the Go standard-library baseline, same run,
 # same method (../shared/bench/README.md). Server pinned to core 0, h2load on core 1, TLS,
-# HTTP/1.1 keep-alive, 16 connections. Writes OUT (default target/bench/webhook/results.md). Reports
-# go under the repository's target/ (ignored by git), never into the source tree (figures worth
+# HTTP/1.1 keep-alive, 16 connections. Writes OUT (default bench/results/webhook/results.md). Reports
+# go under bench/results/ (ignored by git), never into a tracked file (figures worth
 # keeping are copied into docs/benchmarks.md).
 #
 #   bench/webhook/run.sh                  # RUNS=3 N=40000 RATE_N=50000
@@ -24,7 +24,7 @@ LOAD_CORE=${LOAD_CORE:-1}
 OURS_PORT=${OURS_PORT:-18443}
 OURS_METRICS=${OURS_METRICS:-18090}
 GO_PORT=${GO_PORT:-19443}
-OUT=${OUT:-$ROOT/target/bench/webhook/results.md}
+OUT=${OUT:-$ROOT/bench/results/webhook/results.md}
 mkdir -p "$(dirname "$OUT")"
 
 # On another machine (e.g. an idle many-core one) with prebuilt parts, nothing is built or installed:
