@@ -2,7 +2,7 @@
 //! re-encodes to the same text; no decoded device ID holds a control character or white space.
 #![no_main]
 
-use hami_device_plugin::allocation::codec::PodDevices;
+use hami_device_plugin::allocation::plan::codec::PodDevices;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
