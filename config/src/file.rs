@@ -48,7 +48,7 @@ pub(crate) fn file_layer(file: FileText<'_>) -> crate::Result<Json> {
     }
     let value = match detect_format(path, text) {
         Format::Json => serde_json::from_str::<Json>(text).map_err(|e| parse_err(e.to_string()))?,
-        Format::Yaml => match yaml_document(text).map_err(parse_err)? {
+        Format::Yaml => match yaml_document(text).map_err(|e| parse_err(e.to_string()))? {
             None => return Ok(Json::Object(Map::new())),
             Some(value) => value,
         },
@@ -62,18 +62,29 @@ pub(crate) fn file_layer(file: FileText<'_>) -> crate::Result<Json> {
     }
 }
 
+/// Why a text is not one YAML document.
+#[derive(Debug, thiserror::Error)]
+enum YamlDocumentError {
+    /// Not YAML, or not convertible to JSON.
+    #[error("{0}")]
+    Syntax(serde_yaml_ng::Error),
+    /// More than one document.
+    #[error("Got {0} YAML documents, expected 1")]
+    Several(usize),
+}
+
 /// The one YAML document of `text`, `None` when it has none.
-fn yaml_document(text: &str) -> Result<Option<Json>, String> {
+fn yaml_document(text: &str) -> Result<Option<Json>, YamlDocumentError> {
     let mut documents = serde_yaml_ng::Deserializer::from_str(text);
     let Some(first) = documents.next() else {
         return Ok(None);
     };
     let value = YamlToJson
         .deserialize(first)
-        .map_err(|e: serde_yaml_ng::Error| e.to_string())?;
+        .map_err(YamlDocumentError::Syntax)?;
     let more = documents.count();
     if more > 0 {
-        return Err(format!("Got {} YAML documents, expected 1", more + 1));
+        return Err(YamlDocumentError::Several(more + 1));
     }
     Ok(Some(value))
 }

@@ -124,18 +124,42 @@ const EXIT_CLEAN: u8 = 0;
 const EXIT_DIAGNOSTICS: u8 = 1;
 const EXIT_UNREADABLE: u8 = 2;
 
+/// The input of `check` cannot be opened (`cannot read PATH: …`).
+#[derive(Debug)]
+enum InputError {
+    /// Opening or inspecting the file failed.
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The path is a directory.
+    Directory { path: PathBuf },
+}
+
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Io { path, source } => write!(f, "cannot read {}: {source}", path.display()),
+            Self::Directory { path } => {
+                write!(f, "cannot read {}: it is a directory", path.display())
+            }
+        }
+    }
+}
+
 /// Where `check` reads from.
-fn open_input(file: Option<&PathBuf>) -> Result<(String, Box<dyn Read>), String> {
+fn open_input(file: Option<&PathBuf>) -> Result<(String, Box<dyn Read>), InputError> {
     match file {
         Some(p) if p.as_os_str() != "-" => {
-            let f =
-                std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            let io = |source| InputError::Io {
+                path: p.clone(),
+                source,
+            };
+            let f = std::fs::File::open(p).map_err(io)?;
             match f.metadata() {
-                Ok(m) if m.is_dir() => {
-                    Err(format!("cannot read {}: it is a directory", p.display()))
-                }
+                Ok(m) if m.is_dir() => Err(InputError::Directory { path: p.clone() }),
                 Ok(_) => Ok((p.display().to_string(), Box::new(f) as Box<dyn Read>)),
-                Err(e) => Err(format!("cannot read {}: {e}", p.display())),
+                Err(e) => Err(io(e)),
             }
         }
         _ => Ok((

@@ -11,9 +11,9 @@ use hami_shared::region::layout::{
     DEVICE_COUNT, DEVICE_MEMORY_SIZE, DEVICE_UTIL_SIZE, MAGIC_FLAG, SEM_SIZE, SLOT_COUNT, UUID_SIZE,
 };
 use hami_shared::region::{
-    ContainerDir, ContainerVerdict, FileLimits, LAYOUTS, Liveness, MAX_REGION_FILE_BYTES, ProcSlot,
-    Region, RegionError, container_dirs, judge, limits_file_for, read_limits_file,
-    read_region_file,
+    ContainerDir, ContainerVerdict, FileLimits, LAYOUTS, LimitsReadError, Liveness,
+    MAX_REGION_FILE_BYTES, ProcSlot, Region, RegionError, container_dirs, judge, limits_file_for,
+    read_limits_file, read_region_file,
 };
 
 /// Whose PIDs the slots' liveness is checked against.
@@ -48,10 +48,35 @@ struct Target {
     limits: Option<PathBuf>,
 }
 
+/// PATH cannot be read or listed (`cannot read PATH: the error`, `cannot list PATH: …`).
+#[derive(Debug)]
+struct UnreadablePath {
+    /// `read` or `list`.
+    op: &'static str,
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+impl std::fmt::Display for UnreadablePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "cannot {} {}: {}",
+            self.op,
+            self.path.display(),
+            self.source
+        )
+    }
+}
+
 /// PATH as a region file, a container folder or a folder of container folders.
-fn targets(args: &RegionArgs) -> Result<Vec<Target>, String> {
+fn targets(args: &RegionArgs) -> Result<Vec<Target>, UnreadablePath> {
     let path = &args.path;
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()));
+    let meta = std::fs::metadata(path).map_err(|source| UnreadablePath {
+        op: "read",
+        path: path.clone(),
+        source,
+    });
     let is_dir = match (meta, std::fs::symlink_metadata(path)) {
         // A link named as the region file itself is judged (and refused) by the reader.
         (_, Ok(l)) if l.file_type().is_symlink() && !path.is_dir() => false,
@@ -85,7 +110,11 @@ fn targets(args: &RegionArgs) -> Result<Vec<Target>, String> {
             limits: args.limits.clone().or(own_limits),
         }]);
     }
-    let dirs = container_dirs(path).map_err(|e| format!("cannot list {}: {e}", path.display()))?;
+    let dirs = container_dirs(path).map_err(|source| UnreadablePath {
+        op: "list",
+        path: path.clone(),
+        source,
+    })?;
     Ok(dirs
         .into_iter()
         .map(
@@ -131,7 +160,7 @@ fn liveness(view: PidView) -> impl Fn(&ProcSlot) -> Liveness {
 struct Judged {
     target: Target,
     region: Result<Region, RegionError>,
-    limits_error: Option<String>,
+    limits_error: Option<LimitsReadError>,
     verdict: ContainerVerdict,
 }
 
@@ -274,7 +303,7 @@ fn json_of(j: &Judged) -> serde_json::Value {
         "container": j.target.name,
         "region_file": j.target.region.display().to_string(),
         "limits_file": j.target.limits.as_ref().map(|p| p.display().to_string()),
-        "limits_error": j.limits_error,
+        "limits_error": j.limits_error.as_ref().map(ToString::to_string),
         "verdict": j.verdict,
         "region": j.region.as_ref().ok(),
         "error": j.region.as_ref().err(),

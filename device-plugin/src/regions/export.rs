@@ -182,7 +182,7 @@ fn liveness(view: PidView) -> impl Fn(&ProcSlot) -> Liveness {
 fn read_folder(folder: &Folder) -> FolderRead {
     let limits = match &folder.limits {
         None => Ok(None),
-        Some(LimitsAt::File(path)) => read_limits_bytes(path),
+        Some(LimitsAt::File(path)) => read_limits_bytes(path).map_err(|e| e.to_string()),
         Some(LimitsAt::Text(text)) => Ok(Some(text.as_bytes().to_vec())),
     };
     FolderRead {

@@ -110,13 +110,34 @@ pub fn parse_region_bytes(path: &Path, bytes: &[u8]) -> Result<Region> {
     })
 }
 
+/// A limits file that could not be read as one: names the path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {kind}")]
+pub struct LimitsReadError {
+    /// The file.
+    pub path: String,
+    /// What went wrong.
+    pub kind: LimitsReadErrorKind,
+}
+
+/// What went wrong with a limits file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsReadErrorKind {
+    /// A link, not a regular file, or an I/O error (as for a region file).
+    #[error("{0}")]
+    Read(RegionErrorKind),
+    /// Longer than any limits file.
+    #[error("longer than {LIMITS_FILE_READ_BYTES} bytes: not a limits file")]
+    TooLong,
+}
+
 /// Reads a limits file the same way (no link followed, bounded) and parses it tolerantly.
 /// `Ok(None)` when there is none.
 ///
 /// # Errors
-/// A message naming the path: a link, not a regular file, longer than
-/// [`LIMITS_FILE_READ_BYTES`], or an I/O error.
-pub fn read_limits_file(path: &Path) -> Result<Option<ParsedLimitsFile>, String> {
+/// [`LimitsReadError`]: a link, not a regular file, longer than [`LIMITS_FILE_READ_BYTES`], or an
+/// I/O error.
+pub fn read_limits_file(path: &Path) -> Result<Option<ParsedLimitsFile>, LimitsReadError> {
     Ok(read_limits_bytes(path)?.map(|bytes| parse_bytes(&bytes)))
 }
 
@@ -125,14 +146,17 @@ pub fn read_limits_file(path: &Path) -> Result<Option<ParsedLimitsFile>, String>
 ///
 /// # Errors
 /// As [`read_limits_file`].
-pub fn read_limits_bytes(path: &Path) -> Result<Option<Vec<u8>>, String> {
+pub fn read_limits_bytes(path: &Path) -> Result<Option<Vec<u8>>, LimitsReadError> {
+    let error = |kind| LimitsReadError {
+        path: path.display().to_string(),
+        kind,
+    };
     match read_bounded(path, LIMITS_FILE_READ_BYTES) {
         Err(RegionErrorKind::Missing) => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
-        Ok(bytes) if bytes.len() > LIMITS_FILE_READ_BYTES => Err(format!(
-            "{}: longer than {LIMITS_FILE_READ_BYTES} bytes: not a limits file",
-            path.display()
-        )),
+        Err(e) => Err(error(LimitsReadErrorKind::Read(e))),
+        Ok(bytes) if bytes.len() > LIMITS_FILE_READ_BYTES => {
+            Err(error(LimitsReadErrorKind::TooLong))
+        }
         Ok(bytes) => Ok(Some(bytes)),
     }
 }

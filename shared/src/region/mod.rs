@@ -31,8 +31,9 @@ pub type Result<T, E = RegionError> = std::result::Result<T, E>;
 
 pub use error::{RegionError, RegionErrorKind};
 pub use io::{
-    ContainerDir, LIMITS_FILE_READ_BYTES, container_dirs, limits_file_for, parse_region_bytes,
-    read_limits_bytes, read_limits_file, read_region_bytes, read_region_file,
+    ContainerDir, LIMITS_FILE_READ_BYTES, LimitsReadError, LimitsReadErrorKind, container_dirs,
+    limits_file_for, parse_region_bytes, read_limits_bytes, read_limits_file, read_region_bytes,
+    read_region_file,
 };
 pub use layout::{LAYOUTS, Layout, MAX_REGION_FILE_BYTES, READ_MARGIN};
 pub use parse::{DeviceMemory, ParseError, ProcSlot, Region, parse};
