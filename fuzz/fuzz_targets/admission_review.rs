@@ -41,7 +41,8 @@ fn memory_values_are_safe(pod: &Value) {
                     if let Some(v) = e["value"].as_str() {
                         // Only the webhook writes these when the user did not; the user's own
                         // entries are left alone, so check only values it could have written.
-                        if v.ends_with('m') && v[..v.len() - 1].bytes().all(|b| b.is_ascii_digit()) {
+                        if v.ends_with('m') && v[..v.len() - 1].bytes().all(|b| b.is_ascii_digit())
+                        {
                             assert!(!v.starts_with('0'), "{name}={v}");
                         }
                     }
@@ -79,11 +80,19 @@ fuzz_target!(|data: &[u8]| {
     let mut patched = pod.clone();
     json_patch::patch(&mut patched, &ops).expect("the patch applies to the pod it was made for");
     memory_values_are_safe(&patched);
-    for (k, v) in patched["metadata"]["annotations"].as_object().into_iter().flatten() {
+    for (k, v) in patched["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
         if k.starts_with("limits.hami.io/") {
             let text = v.as_str().expect("a limits file is a string");
             let parsed = hami_shared::limits_file::parse(text);
-            assert!(parsed.diagnostics.is_empty(), "{k}: {text:?}: {:?}", parsed.diagnostics);
+            assert!(
+                parsed.diagnostics.is_empty(),
+                "{k}: {text:?}: {:?}",
+                parsed.diagnostics
+            );
         }
     }
     // Idempotent: the mutated pod reviewed again gets no patch and no new warning.

@@ -14,7 +14,10 @@ fuzz_target!(|data: &[u8]| {
         for i in 0..devices.len() {
             for d in devices.devices(i).unwrap_or(&[]) {
                 assert!(
-                    !d.uuid.is_empty() && !d.uuid.contains(|c: char| c.is_control() || c.is_whitespace()),
+                    !d.uuid.is_empty()
+                        && !d
+                            .uuid
+                            .contains(|c: char| c.is_control() || c.is_whitespace()),
                     "{:?}",
                     d.uuid
                 );

@@ -38,16 +38,26 @@ fuzz_target!(|data: &[u8]| {
     let (file, _warnings) = b.finish();
     let rendered = file.render();
     let parsed = parse(&rendered);
-    assert!(parsed.diagnostics.is_empty(), "{rendered:?}: {:?}", parsed.diagnostics);
+    assert!(
+        parsed.diagnostics.is_empty(),
+        "{rendered:?}: {:?}",
+        parsed.diagnostics
+    );
     for (k, v) in file.iter() {
         let v = v.to_string();
         let v = v.as_str();
-        assert!(!v.is_empty() && !v.contains(|c: char| c.is_whitespace() || c.is_control()), "{k}={v:?}");
+        assert!(
+            !v.is_empty() && !v.contains(|c: char| c.is_whitespace() || c.is_control()),
+            "{k}={v:?}"
+        );
         assert_ne!(v, "0m");
         if v.len() > 1 && v.as_bytes()[0] == b'0' && v.as_bytes()[1].is_ascii_digit() {
             panic!("leading zero: {k}={v:?}");
         }
-        assert!(!(v.starts_with("-0") && v.len() > 2), "leading zero: {k}={v:?}");
+        assert!(
+            !(v.starts_with("-0") && v.len() > 2),
+            "leading zero: {k}={v:?}"
+        );
     }
     for key in COPIED_FROM_SPEC {
         if let Some(v) = file.text(key) {

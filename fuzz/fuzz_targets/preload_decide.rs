@@ -4,8 +4,8 @@
 //! a truncated read never exports the cut last line.
 #![no_main]
 
-use hami_shared::hami_core::{KeyKind, interpret_memory, key_kind};
 use hami_preload_reference::{Decision, decide};
+use hami_shared::hami_core::{KeyKind, interpret_memory, key_kind};
 use hami_shared::preload::{is_contract_variable, is_exported_key};
 use libfuzzer_sys::fuzz_target;
 
@@ -44,12 +44,17 @@ fuzz_target!(|data: &[u8]| {
                     let lf = format!("{k}={v}\n");
                     let crlf = format!("{k}={v}\r\n");
                     let found = |l: &str| cut.windows(l.len()).any(|w| w == l.as_bytes());
-                    assert!(found(&lf) || found(&crlf), "{k}={v:?} not from a complete line");
+                    assert!(
+                        found(&lf) || found(&crlf),
+                        "{k}={v:?} not from a complete line"
+                    );
                 }
             }
             assert!(memory);
             for n in &o.remove {
-                assert!(is_contract_variable(std::os::unix::ffi::OsStrExt::as_bytes(n.as_os_str())));
+                assert!(is_contract_variable(
+                    std::os::unix::ffi::OsStrExt::as_bytes(n.as_os_str())
+                ));
             }
         }
     }

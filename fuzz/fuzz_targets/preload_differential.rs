@@ -9,7 +9,6 @@
 //! separated by 0xff bytes (names by 0xfe).
 #![no_main]
 
-
 use hami_preload_reference::library_env;
 use hami_preload_reference::{Kept, NodeView, VisibleGpus};
 use libfuzzer_sys::fuzz_target;
@@ -39,11 +38,25 @@ fuzz_target!(|data: &[u8]| {
         visible.set_mismatch();
     }
     let view = NodeView {
-        node_file: if flags & 2 != 0 { Err(Kept::NodeFileMissing) } else { Ok(node) },
-        devices: if flags & 4 != 0 { Err(Kept::DeviceScanFailed) } else { Ok(visible) },
+        node_file: if flags & 2 != 0 {
+            Err(Kept::NodeFileMissing)
+        } else {
+            Ok(node)
+        },
+        devices: if flags & 4 != 0 {
+            Err(Kept::DeviceScanFailed)
+        } else {
+            Ok(visible)
+        },
     };
     let truncated = flags & 1 != 0;
     let want = library_env::reference(file, truncated, &inherited, &view);
     let got = library_env::library(file, truncated, &inherited, &view);
-    assert_eq!(got, want, "file {:?} node {:?}", String::from_utf8_lossy(file), String::from_utf8_lossy(node));
+    assert_eq!(
+        got,
+        want,
+        "file {:?} node {:?}",
+        String::from_utf8_lossy(file),
+        String::from_utf8_lossy(node)
+    );
 });

@@ -39,7 +39,11 @@ fn check(bytes: &[u8]) {
         None,
     );
     let v = judge(as_read.as_ref(), Some(&file), |p| {
-        if p.pid % 2 == 0 { Liveness::Dead } else { Liveness::Alive }
+        if p.pid % 2 == 0 {
+            Liveness::Dead
+        } else {
+            Liveness::Alive
+        }
     });
     assert!(v.gpus.len() <= 16);
     let _ = serde_json::to_string(&v);
@@ -60,7 +64,15 @@ fuzz_target!(|data: &[u8]| {
     f.sm_limit[0] = u64::from(u32_at(rest, 5) % 200);
     let slots = usize::from(rest.get(9).copied().unwrap_or(0)) % 8;
     f.procs = (0..slots)
-        .map(|i| FixtureSlot::running(i as i32 + 1, 0, i % 16, 1 << 20, u64::from(u32_at(rest, 10))))
+        .map(|i| {
+            FixtureSlot::running(
+                i as i32 + 1,
+                0,
+                i % 16,
+                1 << 20,
+                u64::from(u32_at(rest, 10)),
+            )
+        })
         .collect();
     let clean = f.bytes();
     let r = parse(&clean).expect("a generated region parses");
