@@ -5,16 +5,16 @@ use std::future::Future;
 use std::sync::Arc;
 
 use hami_ops::Readiness;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::tasks::StopSignal;
 use crate::kubelet::plugin;
 use crate::metrics::Metrics;
 
 /// The ops server (`/healthz`, `/readyz`, `/metrics`) and the stop signal every task of the run
 /// watches.
 pub(super) struct OpsServer {
-    stopping: watch::Sender<bool>,
+    stopping: StopSignal,
     /// What `/readyz` probes beyond the first plugin's registration.
     pub(super) probes: Arc<ReadinessProbes>,
     /// `/readyz`, handed to the first plugin.
@@ -24,7 +24,7 @@ pub(super) struct OpsServer {
 
 impl OpsServer {
     pub(super) fn start(listener: Option<tokio::net::TcpListener>, metrics: &Arc<Metrics>) -> Self {
-        let (stopping, _) = watch::channel(false);
+        let stopping = StopSignal::new();
         let probes = Arc::new(ReadinessProbes::default());
         let readiness = {
             let probes = Arc::clone(&probes);
@@ -52,14 +52,11 @@ impl OpsServer {
 
     /// Completes once [`Self::signal_stop`] is called.
     pub(super) fn until_stopped(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut stopped = self.stopping.subscribe();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
+        self.stopping.until_stopped()
     }
 
     pub(super) fn signal_stop(&self) {
-        self.stopping.send_replace(true);
+        self.stopping.fire();
     }
 
     /// Stops every task watching the signal and waits for the ops server.

@@ -9,11 +9,36 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// A stop signal: fired once, seen by every future taken from it, before or after the firing.
+/// Clones share the signal.
+#[derive(Clone, Debug)]
+pub(crate) struct StopSignal(Arc<watch::Sender<bool>>);
+
+impl StopSignal {
+    /// Not fired.
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(watch::channel(false).0))
+    }
+
+    /// Completes once [`Self::fire`] is called (at once if it was).
+    pub(crate) fn until_stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut stopped = self.0.subscribe();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Fires the signal.
+    pub(crate) fn fire(&self) {
+        self.0.send_replace(true);
+    }
+}
+
 /// A handle on the run's background tasks: spawn one that stops when [`Self::stop`] is called,
 /// and wait for all of them ([`Self::stop`]). Clones share the tasks and the signal.
 #[derive(Clone, Debug)]
 pub struct TaskStop {
-    stopping: Arc<watch::Sender<bool>>,
+    stopping: StopSignal,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
@@ -26,19 +51,15 @@ impl Default for TaskStop {
 impl TaskStop {
     /// No task yet, not stopped.
     pub fn new() -> Self {
-        let (stopping, _) = watch::channel(false);
         Self {
-            stopping: Arc::new(stopping),
+            stopping: StopSignal::new(),
             tasks: Arc::default(),
         }
     }
 
     /// Completes once [`Self::stop`] is called (at once if it was).
     pub fn until_stopped(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut stopped = self.stopping.subscribe();
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        }
+        self.stopping.until_stopped()
     }
 
     /// Spawns `task`, which must return once [`Self::until_stopped`] completes; [`Self::stop`]
@@ -53,7 +74,7 @@ impl TaskStop {
 
     /// Fires the signal and waits for every task spawned through this handle.
     pub async fn stop(&self) {
-        self.stopping.send_replace(true);
+        self.stopping.fire();
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
         for task in tasks {
             if let Err(error) = task.await {
